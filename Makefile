@@ -1,0 +1,34 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+demo: venv
+	$(BIN)/stepscope demo
+
+lint: venv
+	$(BIN)/ruff check stepscope tests benchmarks examples
+	$(BIN)/ruff format --check stepscope tests benchmarks examples
+	$(BIN)/mypy
+
+bench: venv
+	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/profiler_overhead.py
+	$(BIN)/python benchmarks/analysis_scale.py
+	$(BIN)/python benchmarks/detection_quality.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

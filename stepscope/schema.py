@@ -1,0 +1,280 @@
+"""The canonical record schema (DESIGN §2): column names, dtypes, units. Stdlib only.
+
+These names are a public contract shared by the wire format, the database, parquet
+exports and offline analysis. Every other module reads its column lists from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+WIRE_SCHEMA_VERSION = 1
+
+Dtype = Literal["str", "int", "float", "json"]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    dtype: Dtype
+    required: bool = False
+    unit: str = ""
+    doc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str
+    key: tuple[str, ...]
+    """Natural key: rows are unique by these columns."""
+    columns: tuple[Column, ...]
+    wire_excluded: tuple[str, ...] = ()
+    """Columns a wire batch does not carry per row (they come from `job` and `source`)."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.required)
+
+    @property
+    def wire_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.name not in self.wire_excluded)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name} has no column {name!r}")
+
+
+def _c(name: str, dtype: Dtype, unit: str = "", doc: str = "", *, required: bool = False) -> Column:
+    return Column(name=name, dtype=dtype, required=required, unit=unit, doc=doc)
+
+
+STEPS = Table(
+    name="steps",
+    key=("job_id", "rank", "step"),
+    wire_excluded=("job_id", "rank", "node"),
+    columns=(
+        _c("job_id", "str", doc="job identifier", required=True),
+        _c("rank", "int", doc="global rank", required=True),
+        _c("step", "int", doc="training step (iteration) number", required=True),
+        _c("ts", "float", "s", "step start, Unix epoch seconds", required=True),
+        _c("step_s", "float", "s", "wall time of the whole step on this rank", required=True),
+        _c("data_s", "float", "s", "time blocked waiting for the next batch", required=True),
+        _c("h2d_s", "float", "s", "host-to-device copy time"),
+        _c("forward_s", "float", "s", "forward section time"),
+        _c("backward_s", "float", "s", "backward section time"),
+        _c("optimizer_s", "float", "s", "optimizer section time"),
+        _c("comm_s", "float", "s", "total time collectives were in flight during the step"),
+        _c("comm_wait_s", "float", "s", "time blocked on collectives, not overlapped by own work"),
+        _c("compute_s", "float", "s", "step_s - data_s - comm_wait_s"),
+        _c("tokens", "int", doc="tokens processed by this rank in this step"),
+        _c("samples", "int", doc="samples processed by this rank in this step"),
+        _c("flops", "float", "FLOP", "model FLOPs executed by this rank in this step"),
+        _c("mem_peak_bytes", "int", "bytes", "peak device memory allocated in this step"),
+        _c("node", "str", doc="host name; in files only (the store keeps it per rank)"),
+    ),
+)
+
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send",
+    "recv",
+    "barrier",
+)
+
+COLLECTIVES = Table(
+    name="collectives",
+    key=("job_id", "rank", "step", "op"),
+    wire_excluded=("job_id", "rank"),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("rank", "int", required=True),
+        _c("step", "int", required=True),
+        _c("op", "str", doc="one of COLLECTIVE_OPS", required=True),
+        _c("group_size", "int", doc="ranks in the process group", required=True),
+        _c("count", "int", doc="collectives of this op in the step", required=True),
+        _c("bytes", "int", "bytes", "payload per rank, summed over the step", required=True),
+        _c("busy_s", "float", "s", "durations summed over the step", required=True),
+    ),
+)
+
+GPU = Table(
+    name="gpu_samples",
+    key=("job_id", "rank", "gpu_index", "ts"),
+    wire_excluded=("job_id", "rank"),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("rank", "int", required=True),
+        _c("ts", "float", "s", "sample time, Unix epoch seconds", required=True),
+        _c("gpu_index", "int", doc="device index on the host", required=True),
+        _c("util", "float", "%", "GPU utilisation"),
+        _c("mem_used_bytes", "int", "bytes"),
+        _c("mem_total_bytes", "int", "bytes"),
+        _c("power_w", "float", "W"),
+        _c("temp_c", "float", "°C"),
+        _c("sm_clock_mhz", "float", "MHz"),
+        _c("throttle_reasons", "int", doc="NVML clocks-event reasons bitmask"),
+        _c("sm_active", "float", "%", "GPM SM activity"),
+        _c("tensor_active", "float", "%", "GPM tensor-core activity"),
+        _c("dram_active", "float", "%", "GPM DRAM bandwidth utilisation"),
+        _c("nvlink_tx_bps", "float", "B/s"),
+        _c("nvlink_rx_bps", "float", "B/s"),
+        _c("pcie_tx_bps", "float", "B/s"),
+        _c("pcie_rx_bps", "float", "B/s"),
+    ),
+)
+
+EVENT_KINDS = ("xid", "ecc", "oom", "restart", "exception", "custom")
+
+EVENTS = Table(
+    name="events",
+    key=("job_id", "rank", "ts", "kind"),
+    wire_excluded=("job_id", "rank"),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("rank", "int", required=True),
+        _c("ts", "float", "s", required=True),
+        _c("kind", "str", doc="one of EVENT_KINDS", required=True),
+        _c("message", "str"),
+        _c("attributes", "json"),
+    ),
+)
+
+JOBS = Table(
+    name="jobs",
+    key=("job_id",),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("name", "str"),
+        _c("benchmark_key", "str", doc="what makes two jobs comparable"),
+        _c("world_size", "int"),
+        _c("device_name", "str"),
+        _c("peak_flops", "float", "FLOP/s", "peak per device"),
+        _c("started_at", "float", "s"),
+        _c("ended_at", "float", "s"),
+        _c("status", "str"),
+        _c("attributes", "json"),
+    ),
+)
+
+RANKS = Table(
+    name="ranks",
+    key=("job_id", "rank"),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("rank", "int", required=True),
+        _c("local_rank", "int"),
+        _c("node", "str"),
+        _c("pid", "int"),
+        _c("incarnation", "str", doc="latest process incarnation seen for this rank"),
+        _c("first_seen", "float", "s"),
+        _c("last_seen", "float", "s"),
+    ),
+)
+
+FINDING_KINDS = (
+    "straggler_rank",
+    "straggler_node",
+    "dataloader_stall",
+    "slow_collective",
+    "gpu_throttling",
+    "throughput_drop",
+    "throughput_gain",
+    "mfu_low",
+    "peak_unknown",
+)
+SEVERITIES = ("info", "warning", "critical")
+CAUSES = ("data", "compute", "communication", "gpu_throttling", "host", "unknown")
+
+FINDINGS = Table(
+    name="findings",
+    key=("job_id", "kind", "ranks", "first_step", "metric"),
+    columns=(
+        _c("job_id", "str", required=True),
+        _c("kind", "str", doc="one of FINDING_KINDS", required=True),
+        _c("severity", "str", doc="one of SEVERITIES", required=True),
+        _c("ranks", "json", doc="list of ranks concerned"),
+        _c("node", "str"),
+        _c("first_step", "int"),
+        _c("last_step", "int"),
+        _c("metric", "str"),
+        _c("expected", "float"),
+        _c("observed", "float"),
+        _c("effect", "float", doc="relative change, signed (observed / expected - 1)"),
+        _c("cause", "str", doc="one of CAUSES"),
+        _c("evidence", "json"),
+        _c("detected_at", "float", "s"),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (STEPS, COLLECTIVES, GPU, EVENTS, JOBS, RANKS, FINDINGS)}
+
+Severity = Literal["info", "warning", "critical"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Finding:
+    """One conclusion of the analysis, with the columns of the `findings` table."""
+
+    job_id: str
+    kind: str
+    severity: Severity
+    ranks: list[int] = field(default_factory=list)
+    node: str | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    metric: str | None = None
+    expected: float | None = None
+    observed: float | None = None
+    effect: float | None = None
+    cause: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    detected_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FINDING_KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(f"unknown cause {self.cause!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_BUSBW_FACTORS = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+
+
+def busbw_factor(op: str, group_size: int) -> float:
+    """nccl-tests bus-bandwidth factor for `op` over `group_size` ranks (1 for point-to-point)."""
+    if op not in COLLECTIVE_OPS:
+        raise ValueError(f"unknown collective op {op!r}")
+    if op == "barrier":
+        return 0.0
+    factor = _BUSBW_FACTORS.get(op)
+    return factor(group_size) if factor and group_size > 0 else 1.0
+
+
+def busbw_bps(op: str, group_size: int, num_bytes: float, seconds: float) -> float:
+    """Bus bandwidth in bytes/s (algbw × factor); NaN when the duration is not positive."""
+    if seconds <= 0:
+        return math.nan
+    return num_bytes / seconds * busbw_factor(op, group_size)

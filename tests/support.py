@@ -1,0 +1,37 @@
+"""Test helpers: what a test needs from the machine, and how to say it is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI") == "true"
+POSTGRES_URL = os.environ.get(
+    "STEPSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def require(available: bool, what: str) -> None:
+    """Fail under CI=true, skip locally, when a real dependency of the test is missing."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI=true but is not available")
+    pytest.skip(f"{what} is not available here")
+
+
+def torchrun_path() -> str | None:
+    """The torchrun next to this interpreter, if torch is installed."""
+    candidate = Path(sys.executable).with_name("torchrun")
+    return str(candidate) if candidate.exists() else shutil.which("torchrun")
+
+
+def require_torchrun() -> str:
+    path = torchrun_path()
+    require(path is not None, "torchrun (pip install 'stepscope[torch]')")
+    assert path is not None
+    return path
