@@ -37,7 +37,7 @@ _PATTERNS = [
 
 
 def peak_flops_for(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s of a device named as torch.cuda.get_device_name() has it, or None."""
+    """Peak dense bf16 FLOP/s for a torch.cuda.get_device_name() string; None if unknown."""
     for pattern, peak in _PATTERNS:
         if pattern.search(device_name):
             return peak
