@@ -219,7 +219,9 @@ FINDINGS = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, COLLECTIVES, GPU, EVENTS, JOBS, RANKS, FINDINGS)}
+TABLES: dict[str, Table] = {
+    t.name: t for t in (STEPS, COLLECTIVES, GPU, EVENTS, JOBS, RANKS, FINDINGS)
+}
 
 Severity = Literal["info", "warning", "critical"]
 

@@ -1,0 +1,227 @@
+"""Parse and validate one wire batch (DESIGN §3), column by column."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import polars as pl
+
+from stepscope import schema
+
+MAX_ROWS_PER_SECTION = 200_000
+MAX_ID_CHARS = 256
+
+_POLARS_TYPES: dict[schema.Dtype, pl.DataType] = {
+    "str": pl.String(),
+    "int": pl.Int64(),
+    "float": pl.Float64(),
+}
+_COLUMNAR_SECTIONS = {"steps": schema.STEPS, "collectives": schema.COLLECTIVES, "gpu": schema.GPU}
+_TOP_LEVEL = {"schema", "job", "source", "seq", "events", *_COLUMNAR_SECTIONS}
+_JOB_FIELDS = {c.name: c.dtype for c in schema.JOBS.columns}
+_SOURCE_FIELDS: dict[str, schema.Dtype] = {
+    "rank": "int",
+    "local_rank": "int",
+    "node": "str",
+    "pid": "int",
+    "incarnation": "str",
+}
+_EVENT_FIELDS = {c.name: c.dtype for c in schema.EVENTS.wire_columns}
+_JSON_TYPES: dict[schema.Dtype, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "json": (dict,),
+}
+
+
+class BatchError(ValueError):
+    """A batch that is rejected whole; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, *, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class Batch:
+    """A validated batch: frames carry every stored column, job_id and rank included."""
+
+    job: dict[str, Any]
+    source: dict[str, Any]
+    seq: int
+    frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job["job_id"])
+
+    @property
+    def rank(self) -> int:
+        return int(self.source["rank"])
+
+    def counts(self) -> dict[str, int]:
+        return {name: self.frames[name].height if name in self.frames else 0 for name in SECTIONS}
+
+
+SECTIONS = ("steps", "collectives", "gpu", "events")
+
+
+def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) -> Any:
+    """JSON value of a (possibly gzip-encoded) body, refusing bodies that inflate past max_bytes."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "gzip":
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            body = inflater.decompress(body, max_bytes + 1)
+        except zlib.error as exc:
+            raise BatchError(f"body is not valid gzip: {exc}", status=400) from exc
+        if len(body) > max_bytes or inflater.unconsumed_tail:
+            raise BatchError(f"decompressed body exceeds {max_bytes} bytes", status=413)
+    elif encoding != "identity":
+        raise BatchError(f"unsupported Content-Encoding {encoding!r} (use gzip)", status=415)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+
+
+def _check_scalar(where: str, value: Any, dtype: schema.Dtype, *, required: bool) -> None:
+    if value is None:
+        if required:
+            raise BatchError(f"{where} is required")
+        return
+    if isinstance(value, bool) or not isinstance(value, _JSON_TYPES[dtype]):
+        raise BatchError(f"{where} must be of type {dtype}, got {type(value).__name__}")
+    if dtype == "str" and not value.strip():
+        raise BatchError(f"{where} must not be empty")
+
+
+def _check_object(
+    where: str, obj: Any, fields: dict[str, schema.Dtype], required: set[str]
+) -> None:
+    if not isinstance(obj, dict):
+        raise BatchError(f"{where} must be an object")
+    unknown = set(obj) - set(fields)
+    if unknown:
+        raise BatchError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
+    for name, dtype in fields.items():
+        _check_scalar(f"{where}.{name}", obj.get(name), dtype, required=name in required)
+
+
+def _column(section: str, spec: schema.Column, values: Any) -> pl.Series:
+    where = f"{section}.{spec.name}"
+    if not isinstance(values, list):
+        raise BatchError(f"{where} must be a list")
+    try:
+        series = pl.Series(spec.name, values, dtype=_POLARS_TYPES[spec.dtype], strict=True)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError) as exc:
+        raise BatchError(f"{where} must hold values of type {spec.dtype}") from exc
+    if spec.required and series.null_count():
+        raise BatchError(f"{where} must not contain null")
+    if spec.dtype == "float" and not series.is_finite().fill_null(True).all():
+        raise BatchError(f"{where} must hold finite numbers")
+    if spec.unit in ("s", "bytes") and spec.name != "ts" and (series < 0).any():
+        raise BatchError(f"{where} must not be negative")
+    return series
+
+
+def _columnar(section: str, table: schema.Table, payload: Any) -> pl.DataFrame | None:
+    if not isinstance(payload, dict):
+        raise BatchError(f"{section} must be an object of columns")
+    if not payload:
+        return None
+    wire = {c.name: c for c in table.wire_columns}
+    unknown = set(payload) - set(wire)
+    if unknown:
+        raise BatchError(f"{section} has unknown column(s): {', '.join(sorted(unknown))}")
+    missing = [name for name in table.required if name in wire and name not in payload]
+    if missing:
+        raise BatchError(f"{section} is missing required column(s): {', '.join(missing)}")
+    lengths = {name: len(v) if isinstance(v, list) else -1 for name, v in payload.items()}
+    num_rows = max(lengths.values())
+    if any(n != num_rows for n in lengths.values()):
+        raise BatchError(f"{section} columns differ in length: {lengths}")
+    if num_rows > MAX_ROWS_PER_SECTION:
+        raise BatchError(
+            f"{section} has {num_rows} rows, more than {MAX_ROWS_PER_SECTION}", status=413
+        )
+    return pl.DataFrame([_column(section, wire[name], values) for name, values in payload.items()])
+
+
+def _events(payload: Any) -> pl.DataFrame | None:
+    if not isinstance(payload, list):
+        raise BatchError("events must be a list of objects")
+    if not payload:
+        return None
+    if len(payload) > MAX_ROWS_PER_SECTION:
+        raise BatchError(f"events has more than {MAX_ROWS_PER_SECTION} entries", status=413)
+    required = set(schema.EVENTS.required)
+    for i, event in enumerate(payload):
+        _check_object(f"events[{i}]", event, _EVENT_FIELDS, required)
+        if event["kind"] not in schema.EVENT_KINDS:
+            raise BatchError(f"events[{i}].kind must be one of {', '.join(schema.EVENT_KINDS)}")
+    return pl.DataFrame(
+        {
+            "ts": [float(e["ts"]) for e in payload],
+            "kind": [e["kind"] for e in payload],
+            "message": [e.get("message") for e in payload],
+            "attributes": [orjson.dumps(e.get("attributes") or {}).decode() for e in payload],
+        },
+        schema={"ts": pl.Float64, "kind": pl.String, "message": pl.String, "attributes": pl.String},
+    )
+
+
+def parse_batch(doc: Any) -> Batch:
+    """Validate a decoded wire batch as a whole; raise BatchError naming the first bad field."""
+    if not isinstance(doc, dict):
+        raise BatchError("batch must be a JSON object")
+    unknown = set(doc) - _TOP_LEVEL
+    if unknown:
+        raise BatchError(f"unknown top-level field(s): {', '.join(sorted(unknown))}")
+    if doc.get("schema") != schema.WIRE_SCHEMA_VERSION:
+        raise BatchError(f"schema must be {schema.WIRE_SCHEMA_VERSION}, got {doc.get('schema')!r}")
+    job, source, seq = doc.get("job"), doc.get("source"), doc.get("seq")
+    _check_object("job", job, _JOB_FIELDS, {"job_id"})
+    _check_object("source", source, _SOURCE_FIELDS, {"rank", "incarnation"})
+    _check_scalar("seq", seq, "int", required=True)
+    assert isinstance(job, dict) and isinstance(source, dict) and isinstance(seq, int)
+    for where, text in (
+        ("job.job_id", job["job_id"]),
+        ("source.incarnation", source["incarnation"]),
+    ):
+        if len(text) > MAX_ID_CHARS:
+            raise BatchError(f"{where} is longer than {MAX_ID_CHARS} characters")
+    if source["rank"] < 0 or seq < 0:
+        raise BatchError("source.rank and seq must not be negative")
+
+    frames: dict[str, pl.DataFrame] = {}
+    for name, table in _COLUMNAR_SECTIONS.items():
+        if name in doc:
+            frame = _columnar(name, table, doc[name])
+            if frame is not None:
+                frames[name] = frame
+    if "collectives" in frames:
+        bad_ops = set(frames["collectives"]["op"].unique()) - set(schema.COLLECTIVE_OPS)
+        if bad_ops:
+            raise BatchError(f"collectives.op has unknown op(s): {', '.join(sorted(bad_ops))}")
+    if "events" in doc:
+        events = _events(doc["events"])
+        if events is not None:
+            frames["events"] = events
+    keyed = {
+        name: frame.with_columns(
+            job_id=pl.lit(job["job_id"]), rank=pl.lit(source["rank"], pl.Int64)
+        )
+        for name, frame in frames.items()
+    }
+    return Batch(job=dict(job), source=dict(source), seq=seq, frames=keyed)
+
+
+def gzip_json(doc: Any) -> bytes:
+    """A gzip-compressed JSON body, as the profiler sends it (used by simulate and tests)."""
+    return gzip.compress(orjson.dumps(doc), compresslevel=5)
