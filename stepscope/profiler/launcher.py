@@ -1,0 +1,79 @@
+"""`stepscope run -- CMD`: run a training command with the profiler settings in its environment."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def new_job_id(cmd: Sequence[str] = ()) -> str:
+    """A short, readable, unique job id: script name, start time and 4 random hex digits."""
+    script = next((arg for arg in cmd if arg.endswith(".py")), cmd[0] if cmd else "job")
+    name = re.sub(r"[^a-z0-9]+", "-", Path(script).stem.lower()).strip("-")[:24] or "job"
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def child_env(
+    cmd: Sequence[str], *, job_id: str | None, url: str | None, token: str | None
+) -> dict[str, str]:
+    """This process's environment plus STEPSCOPE_JOB_ID/URL/TOKEN (None keeps what is inherited)."""
+    env = dict(os.environ)
+    env["STEPSCOPE_JOB_ID"] = job_id or new_job_id(cmd)
+    if url is not None:
+        env["STEPSCOPE_URL"] = url
+    if token is not None:
+        env["STEPSCOPE_TOKEN"] = token
+    return env
+
+
+def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: str | None) -> int:
+    """Run `cmd` with the profiler's settings, forwarding SIGINT/SIGTERM; return its exit code.
+
+    A child killed by signal N gives 128 + N, as a shell reports it.
+    """
+    if not cmd:
+        raise ValueError(
+            "no command to run: pass it after `--`, e.g. stepscope run -- torchrun ..."
+        )
+    child = subprocess.Popen(list(cmd), env=child_env(cmd, job_id=job_id, url=url, token=token))
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_sent_it_to_the_child_too():
+            return
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {}
+    try:
+        for signum in _FORWARDED_SIGNALS:
+            previous[signum] = signal.signal(signum, forward)
+    except ValueError:
+        pass  # not the main thread: signals cannot be caught here, the child still gets Ctrl-C
+    try:
+        returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _terminal_sent_it_to_the_child_too() -> bool:
+    """Whether a SIGINT came from Ctrl-C on our terminal, which signals the child as well.
+
+    The child shares our process group, so a terminal's Ctrl-C already reached it; a second
+    SIGINT would make torchrun abandon its graceful shutdown.
+    """
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -1,0 +1,128 @@
+"""launch(): the child gets the profiler's settings, our signals and gives back its exit code."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from stepscope.profiler.launcher import launch, new_job_id
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_KEYS = ("STEPSCOPE_JOB_ID", "STEPSCOPE_URL", "STEPSCOPE_TOKEN", "STEPSCOPE_TEST_INHERITED")
+DUMP_ENV = (
+    "import json, os, sys; "
+    f"json.dump({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}, open(sys.argv[1], 'w'))"
+)
+
+
+def _child_env(
+    tmp_path: Path, *, job_id: str | None, url: str | None, token: str | None
+) -> dict[str, str | None]:
+    out = tmp_path / "env.json"
+    cmd = [sys.executable, "-c", DUMP_ENV, str(out)]
+    assert launch(cmd, job_id=job_id, url=url, token=token) == 0
+    env: dict[str, str | None] = json.loads(out.read_text())
+    return env
+
+
+def test_child_sees_job_url_and_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_TEST_INHERITED", "kept")
+    env = _child_env(tmp_path, job_id="llm-8b-42", url="http://collector:8000", token="s3cret")
+    assert env == {
+        "STEPSCOPE_JOB_ID": "llm-8b-42",
+        "STEPSCOPE_URL": "http://collector:8000",
+        "STEPSCOPE_TOKEN": "s3cret",
+        "STEPSCOPE_TEST_INHERITED": "kept",
+    }
+
+
+def test_unset_url_and_token_keep_what_the_shell_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STEPSCOPE_URL", "http://from-shell:9000")
+    monkeypatch.delenv("STEPSCOPE_TOKEN", raising=False)
+    env = _child_env(tmp_path, job_id="j1", url=None, token=None)
+    assert env["STEPSCOPE_URL"] == "http://from-shell:9000"
+    assert env["STEPSCOPE_TOKEN"] is None
+
+
+def test_a_job_id_is_generated_from_the_script_name(tmp_path: Path) -> None:
+    script = tmp_path / "Train_LLM.py"
+    script.write_text(DUMP_ENV)
+    ids = []
+    for i in range(2):
+        out = tmp_path / f"env{i}.json"
+        assert (
+            launch([sys.executable, str(script), str(out)], job_id=None, url=None, token=None) == 0
+        )
+        ids.append(json.loads(out.read_text())["STEPSCOPE_JOB_ID"])
+    assert all(re.fullmatch(r"train-llm-\d{8}-\d{6}-[0-9a-f]{4}", job_id) for job_id in ids), ids
+    assert ids[0] != ids[1]
+
+
+def test_new_job_id_without_a_script_names_the_program() -> None:
+    assert re.fullmatch(r"torchrun-\d{8}-\d{6}-[0-9a-f]{4}", new_job_id(["/usr/bin/torchrun"]))
+    assert re.fullmatch(r"job-\d{8}-\d{6}-[0-9a-f]{4}", new_job_id([]))
+
+
+def test_exit_code_of_the_child_is_returned() -> None:
+    code = "import sys; sys.exit(3)"
+    assert launch([sys.executable, "-c", code], job_id="j", url=None, token=None) == 3
+
+
+def test_a_child_killed_by_a_signal_gives_128_plus_n() -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    launched = launch([sys.executable, "-c", code], job_id="j", url=None, token=None)
+    assert launched == 128 + signal.SIGKILL
+
+
+def test_an_empty_command_is_refused() -> None:
+    with pytest.raises(ValueError, match="no command"):
+        launch([], job_id="j", url=None, token=None)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_to_the_launcher_reach_the_child(tmp_path: Path, signum: int) -> None:
+    ready, received = tmp_path / "ready", tmp_path / "received"
+    child = textwrap.dedent(
+        f"""
+        import pathlib, signal, sys, time
+        def handle(signum, frame):
+            pathlib.Path({str(received)!r}).write_text(str(signum))
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(30)
+        sys.exit(1)
+        """
+    )
+    launcher = (
+        "import sys; from stepscope.profiler.launcher import launch; "
+        "sys.exit(launch(sys.argv[1:], job_id='sig', url=None, token=None))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launcher, sys.executable, "-c", child],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), "child did not start"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=20) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert received.read_text() == str(int(signum))
