@@ -1,0 +1,237 @@
+"""Collective timing: a DDP communication hook and wrappers around torch.distributed collectives.
+
+Both produce `CollectiveCall`s: when the data was ready (hook called / call made), when the
+collective completed (future callback / call returned), how many bytes, and whether the
+rank was blocked for the whole duration. Recording never changes what the collective does,
+and a failure to record never stops the collective from running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .timer import Clock, Mark
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CollectiveCall:
+    """One collective as this rank saw it."""
+
+    op: str
+    """One of schema.COLLECTIVE_OPS."""
+    group_size: int
+    num_bytes: int
+    """Payload per rank, nccl-tests convention (all_gather: the gathered output)."""
+    start: Mark
+    end: Mark | None = None
+    """None until the collective completed."""
+    blocking: bool = False
+    """The caller sat blocked from start to end (a synchronous call)."""
+    ddp_bucket: bool = False
+    """A DDP gradient bucket: start is when its gradients were ready."""
+
+
+Record = Callable[[CollectiveCall], None]
+
+
+def tensor_bytes(tensor: Any) -> int:
+    """Bytes of a tensor (0 for anything else)."""
+    if isinstance(tensor, torch.Tensor):
+        return tensor.numel() * tensor.element_size()
+    return 0
+
+
+def tensors_bytes(tensors: Any) -> int:
+    """Bytes of a list of tensors."""
+    if isinstance(tensors, list | tuple):
+        return sum(tensor_bytes(t) for t in tensors)
+    return tensor_bytes(tensors)
+
+
+def group_size_of(group: Any) -> int:
+    """Ranks in `group` (the default group when None)."""
+    try:
+        return int(dist.get_world_size(group))
+    except Exception:  # not a member, or not initialised
+        return 0
+
+
+def make_ddp_hook(
+    *, clock: Clock, record: Record, all_reduce: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A DDP comm hook doing what the default all-reduce hook does, timing each bucket."""
+
+    def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        tensor = bucket.buffer()
+        group = process_group if process_group is not None else dist.group.WORLD
+        size = group_size_of(group)
+        call: CollectiveCall | None = None
+        try:
+            call = CollectiveCall(
+                op="all_reduce",
+                group_size=size,
+                num_bytes=tensor_bytes(tensor),
+                start=clock.mark(),
+                ddp_bucket=True,
+            )
+            record(call)
+        except Exception:
+            log.debug("stepscope could not time a DDP bucket", exc_info=True)
+            call = None
+        # Divide first (as the default hook does) to avoid overflow in low precision.
+        tensor.div_(size)
+        future = all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
+            if call is not None:
+                try:
+                    call.end = clock.mark()
+                except Exception:
+                    log.debug("stepscope could not time a DDP bucket", exc_info=True)
+            return fut.value()[0]
+
+        return future.then(done)
+
+    return hook
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    op: str
+    data_pos: int | None
+    data_name: str | None
+    group_pos: int
+    async_pos: int | None
+    """Position of async_op; None for calls that are always sync (send/recv)."""
+    always_async: bool = False
+
+
+SPECS: dict[str, _Spec] = {
+    "all_reduce": _Spec("all_reduce", 0, "tensor", 2, 3),
+    "all_gather": _Spec("all_gather", 0, "tensor_list", 2, 3),
+    "all_gather_into_tensor": _Spec("all_gather", 0, "output_tensor", 2, 3),
+    "reduce_scatter": _Spec("reduce_scatter", 1, "input_list", 3, 4),
+    "reduce_scatter_tensor": _Spec("reduce_scatter", 1, "input", 3, 4),
+    "broadcast": _Spec("broadcast", 0, "tensor", 2, 3),
+    "reduce": _Spec("reduce", 0, "tensor", 3, 4),
+    "all_to_all": _Spec("all_to_all", 1, "input_tensor_list", 2, 3),
+    "all_to_all_single": _Spec("all_to_all", 1, "input", 4, 5),
+    "barrier": _Spec("barrier", None, None, 0, 1),
+    "send": _Spec("send", 0, "tensor", 2, None),
+    "recv": _Spec("recv", 0, "tensor", 2, None),
+    "isend": _Spec("send", 0, "tensor", 2, None, always_async=True),
+    "irecv": _Spec("recv", 0, "tensor", 2, None, always_async=True),
+}
+"""The torch.distributed functions timed, with where their arguments are."""
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int | None, name: str | None) -> Any:
+    if pos is not None and pos < len(args):
+        return args[pos]
+    return kwargs.get(name) if name is not None else None
+
+
+class CollectivePatch:
+    """Wraps torch.distributed collectives while installed; `remove()` puts the originals back."""
+
+    def __init__(self, *, clock: Clock, record: Record) -> None:
+        self._clock = clock
+        self._record = record
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._local = threading.local()
+        self.enabled = True
+
+    def original(self, name: str) -> Callable[..., Any]:
+        """The unwrapped torch.distributed function (also when not installed)."""
+        return self._originals.get(name) or getattr(dist, name)
+
+    def install(self) -> None:
+        for name, spec in SPECS.items():
+            fn = getattr(dist, name, None)
+            if fn is None or name in self._originals:
+                continue
+            self._originals[name] = fn
+            setattr(dist, name, self._wrap(fn, spec))
+
+    def remove(self) -> None:
+        for name, fn in self._originals.items():
+            current = getattr(dist, name, None)
+            if getattr(current, "__stepscope_wrapped__", None) is fn:
+                setattr(dist, name, fn)
+        self._originals.clear()
+
+    def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+        local = self._local
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.enabled or getattr(local, "inside", False):
+                return fn(*args, **kwargs)
+            call = self._begin(spec, args, kwargs)
+            local.inside = True
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                local.inside = False
+            if call is not None:
+                self._end(call, result)
+            return result
+
+        wrapper.__name__ = getattr(fn, "__name__", spec.op)
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        wrapper.__stepscope_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    def _begin(
+        self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> CollectiveCall | None:
+        try:
+            group = _arg(args, kwargs, spec.group_pos, "group")
+            if spec.always_async:
+                is_async = True
+            elif spec.async_pos is None:
+                is_async = False
+            else:
+                is_async = bool(_arg(args, kwargs, spec.async_pos, "async_op"))
+            data = _arg(args, kwargs, spec.data_pos, spec.data_name)
+            call = CollectiveCall(
+                op=spec.op,
+                group_size=group_size_of(group),
+                num_bytes=tensors_bytes(data),
+                start=self._clock.mark(),
+                blocking=not is_async,
+            )
+            self._record(call)
+            return call
+        except Exception:
+            log.debug("stepscope could not time a collective", exc_info=True)
+            return None
+
+    def _end(self, call: CollectiveCall, result: Any) -> None:
+        clock = self._clock
+        try:
+            if call.blocking or result is None:
+                call.end = clock.mark()
+                return
+
+            def done(_: Any) -> None:
+                try:
+                    call.end = clock.mark()
+                except Exception:
+                    log.debug("stepscope could not time a collective", exc_info=True)
+
+            try:
+                result.get_future().add_done_callback(done)
+            except Exception:  # a backend without futures: completion unknown, use return time
+                call.end = clock.mark()
+        except Exception:
+            log.debug("stepscope could not time a collective", exc_info=True)

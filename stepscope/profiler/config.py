@@ -1,0 +1,190 @@
+"""Profiler configuration (one Config: arguments, then STEPSCOPE_* variables) and run detection."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ENV_PREFIX = "STEPSCOPE_"
+
+FlopsSetting = float | Literal["auto"] | None
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """Everything the in-process profiler can be told; each field also reads STEPSCOPE_<FIELD>."""
+
+    url: str | None = None
+    """Collector base URL, e.g. http://collector:8000. None disables the profiler."""
+
+    token: str | None = None
+    """Bearer token with the `ingest` scope (optional on a loopback collector)."""
+
+    job_id: str | None = None
+    """Job identifier; detected from torchrun/Slurm when not given."""
+
+    name: str | None = None
+    """Human-readable job name."""
+
+    benchmark_key: str | None = None
+    """What makes two jobs comparable (model, config, world size, hardware)."""
+
+    attributes: dict[str, Any] = field(default_factory=dict)
+    """Free-form job attributes (git sha, parallelism...); STEPSCOPE_ATTRIBUTES is JSON."""
+
+    disabled: bool = False
+    """Turn the profiler into a no-op."""
+
+    tokens_per_step: int | None = None
+    """Tokens this rank processes per step, when prof.record() does not say."""
+
+    samples_per_step: int | None = None
+    """Samples this rank processes per step, when prof.record() does not say."""
+
+    flops_per_step: FlopsSetting = None
+    """Model FLOPs this rank executes per step, or "auto" to count them once on the first step."""
+
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device; looked up from the device name when not given."""
+
+    flush_interval_s: float = 2.0
+    """How often the shipper sends buffered records, in seconds."""
+
+    gpu_interval_s: float = 1.0
+    """GPU telemetry sampling interval, in seconds."""
+
+    max_buffer_rows: int = 100_000
+    """Records (of each kind) held in memory before new ones are dropped and counted."""
+
+    max_batch_rows: int = 5_000
+    """Most records of one kind in one wire batch."""
+
+    max_pending_batches: int = 16
+    """Unacknowledged batches held in memory; beyond that they spill (or are dropped)."""
+
+    spill_dir: str | None = None
+    """Directory for batches that cannot be sent while the collector is down (None: drop them)."""
+
+    spill_max_bytes: int = 256 * 1024 * 1024
+    """Largest size of the spill file, in bytes."""
+
+    http_timeout_s: float = 10.0
+    """Timeout of one POST to the collector, in seconds."""
+
+    close_timeout_s: float = 10.0
+    """How long close() waits for the last records to be acknowledged, in seconds."""
+
+    backoff_max_s: float = 30.0
+    """Longest pause between retries while the collector is unreachable, in seconds."""
+
+    patch_collectives: bool = True
+    """Time explicit torch.distributed collectives by wrapping them while the profiler is active."""
+
+    def __post_init__(self) -> None:
+        for name in ("flush_interval_s", "gpu_interval_s", "http_timeout_s", "backoff_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.close_timeout_s < 0:
+            raise ValueError("close_timeout_s must be >= 0")
+        for name in ("max_buffer_rows", "max_batch_rows", "max_pending_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if isinstance(self.flops_per_step, str) and self.flops_per_step != "auto":
+            raise ValueError('flops_per_step must be a number, "auto" or None')
+        for name in ("tokens_per_step", "samples_per_step", "flops_per_step", "peak_flops"):
+            value = getattr(self, name)
+            if isinstance(value, int | float) and value < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return not self.disabled and bool(self.url)
+
+
+def _parse_bool(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _parse_env(name: str, text: str) -> Any:
+    """Parse one STEPSCOPE_* value for the Config field `name`."""
+    if name == "attributes":
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"{ENV_PREFIX}ATTRIBUTES must be a JSON object, got {text!r}")
+        return value
+    if name == "flops_per_step":
+        return "auto" if text.strip().lower() == "auto" else float(text)
+    default = Config.__dataclass_fields__[name].default
+    if isinstance(default, bool):
+        return _parse_bool(text)
+    if name in ("tokens_per_step", "samples_per_step") or isinstance(default, int):
+        return int(text)
+    if name == "peak_flops" or isinstance(default, float):
+        return float(text)
+    return text
+
+
+def build_config(**overrides: Any) -> Config:
+    """A Config: explicit values (unless None) over STEPSCOPE_* variables over defaults."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Config):
+        text = os.environ.get(ENV_PREFIX + f.name.upper())
+        if text is not None and text != "":
+            values[f.name] = _parse_env(f.name, text)
+    for key, value in overrides.items():
+        if key not in Config.__dataclass_fields__:
+            raise TypeError(f"unknown stepscope option {key!r}")
+        if value is not None:
+            values[key] = value
+    return Config(**values)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunEnv:
+    """Where this process sits in the job, detected from torchrun / Slurm variables."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int | None
+    node: str
+    pid: int
+    job_id: str | None
+    """Job id the launcher gives every rank alike (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)."""
+
+
+def _first_int(env: dict[str, str], *names: str) -> int | None:
+    for name in names:
+        text = env.get(name, "")
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                continue
+    return None
+
+
+def detect_env(env: dict[str, str] | None = None) -> RunEnv:
+    """Rank, world size, node and launcher job id of this process."""
+    env = dict(os.environ) if env is None else env
+    job_id: str | None = None
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        job_id = run_id
+    elif env.get("SLURM_JOB_ID"):
+        job_id = "slurm-" + env["SLURM_JOB_ID"]
+        if env.get("SLURM_STEP_ID"):
+            job_id += "." + env["SLURM_STEP_ID"]
+    return RunEnv(
+        rank=_first_int(env, "RANK", "SLURM_PROCID") or 0,
+        local_rank=_first_int(env, "LOCAL_RANK", "SLURM_LOCALID") or 0,
+        world_size=_first_int(env, "WORLD_SIZE", "SLURM_NTASKS") or 1,
+        node_rank=_first_int(env, "GROUP_RANK", "SLURM_NODEID"),
+        node=socket.gethostname(),
+        pid=os.getpid(),
+        job_id=job_id,
+    )

@@ -1,0 +1,565 @@
+"""The active profiler: steps, sections, dataloader and collective timing, FLOPs, telemetry.
+
+Hot-path methods only take clock marks and append to in-memory records; records are
+resolved (non-blocking) at later step ends and handed to the shipper thread. Every
+public method is fail-open: an internal error is logged once, reported as an event,
+and turns the profiler off; it never reaches the training loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import platform
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+
+import stepscope
+from stepscope.schema import EVENT_KINDS, STEPS
+
+from .api import NULL_CONTEXT, Profiler
+from .comm import CollectiveCall, CollectivePatch, make_ddp_hook
+from .config import Config, RunEnv
+from .shipper import Shipper
+from .steps import StepRecord
+from .timer import Clock, build_clock
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
+_MAX_UNRESOLVED_STEPS = 64
+
+
+def _fail_open(default: Any = None) -> Callable[[F], F]:
+    """Run a public method; on an internal error, report it, disable profiling, return `default`."""
+
+    def decorate(method: F) -> F:
+        @functools.wraps(method)
+        def wrapper(self: ActiveProfiler, *args: Any, **kwargs: Any) -> Any:
+            if self._broken:
+                return default
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                self._fail(exc)
+                return default
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+class _Step:
+    """Context manager for one step; a fresh one per step() call."""
+
+    __slots__ = ("_prof", "_index")
+
+    def __init__(self, prof: ActiveProfiler, index: int | None) -> None:
+        self._prof = prof
+        self._index = index
+
+    def __enter__(self) -> None:
+        prof = self._prof
+        if prof._broken:
+            return
+        try:
+            prof._begin_step(self._index)
+        except Exception as exc:
+            prof._fail(exc)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> Literal[False]:
+        prof = self._prof
+        if prof._broken:
+            return False
+        try:
+            prof._end_step(failed=exc_type is not None)
+        except Exception as exc:
+            prof._fail(exc)
+        return False
+
+
+class _Section:
+    """Context manager for one section of the current step."""
+
+    __slots__ = ("_prof", "_name", "_start")
+
+    def __init__(self, prof: ActiveProfiler, name: str) -> None:
+        self._prof = prof
+        self._name = name
+        self._start: Any = None
+
+    def __enter__(self) -> None:
+        try:
+            self._start = self._prof._clock.mark()
+        except Exception as exc:
+            self._prof._fail(exc)
+
+    def __exit__(self, *_: object) -> Literal[False]:
+        prof = self._prof
+        current = prof._current
+        if current is None or self._start is None or prof._broken:
+            return False
+        try:
+            end = prof._clock.mark()
+            spans = current.sections.get(self._name)
+            if spans is None:
+                current.sections[self._name] = [(self._start, end)]
+            else:
+                spans.append((self._start, end))
+        except Exception as exc:
+            prof._fail(exc)
+        return False
+
+
+class _TimedLoader:
+    """Iterates a loader, counting the time blocked in next() as data_s."""
+
+    def __init__(self, loader: Iterable[Any], prof: ActiveProfiler) -> None:
+        self._loader = loader
+        self._prof = prof
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self._loader)
+        prof = self._prof
+        clock = time.perf_counter
+        while True:
+            start = clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            prof._add_data_time(start, clock())
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class ActiveProfiler(Profiler):
+    """Profiles this rank and ships its records to the collector."""
+
+    enabled = True
+
+    def __init__(self, *, config: Config, env: RunEnv, model: Any = None) -> None:
+        self.config = config
+        self.env = env
+        self._broken = False
+        self._closed = False
+        self._clock: Clock = build_clock("cpu")
+        self._device_type: str | None = None
+        self._next_index = 0
+        self._current: StepRecord | None = None
+        self._calls: list[CollectiveCall] = []
+        self._pre_data_s = 0.0
+        self._pre_data_start: float | None = None
+        self._pre_values: dict[str, Any] = {}
+        self._step_start = 0.0
+        self._unresolved: deque[StepRecord] = deque()
+        self._flops_per_step: float | None = (
+            float(config.flops_per_step) if isinstance(config.flops_per_step, int | float) else None
+        )
+        self._flop_counter: Any = None
+        self._watched: set[int] = set()
+        job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
+        self.job_id = job_id
+        self.incarnation = uuid.uuid4().hex
+        attributes = {
+            "stepscope_version": stepscope.__version__,
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+        }
+        attributes.update(config.attributes)
+        job = {
+            "job_id": job_id,
+            "name": config.name,
+            "benchmark_key": config.benchmark_key,
+            "world_size": env.world_size,
+            "device_name": None,
+            "peak_flops": config.peak_flops,
+            "attributes": attributes,
+        }
+        source = {
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "node": env.node,
+            "pid": env.pid,
+            "incarnation": self.incarnation,
+        }
+        self.shipper = Shipper(config=config, job=job, source=source)
+        self._patch: CollectivePatch | None = None
+        if config.patch_collectives and dist.is_available():
+            self._patch = CollectivePatch(clock=self._clock, record=self._record_call)
+            self._patch.install()
+        self._gpu_sampler = self._start_gpu_sampler()
+        if model is not None:
+            self.watch(model)
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def step(self, step: int | None = None) -> Any:
+        if self._broken:
+            return NULL_CONTEXT
+        return _Step(self, step)
+
+    def section(self, name: str) -> Any:
+        if self._broken:
+            return NULL_CONTEXT
+        return _Section(self, name)
+
+    def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
+        if self._broken:
+            return loader
+        return _TimedLoader(loader, self)
+
+    @_fail_open()
+    def watch(self, model: Any) -> None:
+        self._set_device(_device_type_of(model))
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return
+        if id(model) in self._watched:
+            return
+        all_reduce = self._patch.original("all_reduce") if self._patch else dist.all_reduce
+        hook = make_ddp_hook(clock=self._clock, record=self._record_call, all_reduce=all_reduce)
+        try:
+            model.register_comm_hook(model.process_group, hook)
+        except RuntimeError as exc:  # e.g. the user registered a hook of their own
+            self.event("custom", f"stepscope could not time DDP all-reduces: {exc}")
+            return
+        self._watched.add(id(model))
+
+    @_fail_open()
+    def record(
+        self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
+    ) -> None:
+        values = self._current.values if self._current is not None else self._pre_values
+        if tokens is not None:
+            values["tokens"] = int(tokens)
+        if samples is not None:
+            values["samples"] = int(samples)
+        for key, value in custom.items():
+            if key in _STEP_COLUMNS:
+                values[key] = value
+            elif self._current is not None:
+                self._current.custom[key] = value
+            else:
+                values.setdefault("_custom", {})[key] = value
+
+    @_fail_open()
+    def event(self, kind: str, message: str, **attributes: Any) -> None:
+        if kind not in EVENT_KINDS:
+            attributes["kind"] = kind
+            kind = "custom"
+        self.shipper.add(
+            "events",
+            {
+                "ts": time.time(),
+                "kind": kind,
+                "message": str(message),
+                "attributes": _json_safe(attributes),
+            },
+        )
+
+    @_fail_open()
+    def measure_flops(self, fn: Callable[[], object]) -> float | None:
+        measure = _flops_module_attr("measure_flops")
+        flops = float(measure(fn)) if measure is not None else _count_flops(fn)
+        self._flops_per_step = flops
+        return flops
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._current is not None:
+                self._end_step(failed=failed)
+            self._resolve(force=True)
+            if self._calls:  # collectives after the last step: a row of their own
+                orphan = StepRecord(
+                    step=self._next_index, ts=time.time(), base=self._calls[0].start
+                )
+                orphan.calls, self._calls = self._calls, []
+                _, rows = orphan.to_rows(self._clock)
+                for row in rows:
+                    self.shipper.add("collectives", row)
+        except Exception:
+            log.exception("stepscope: error while closing (ignored)")
+        if self._patch is not None:
+            self._patch.remove()
+        if self._gpu_sampler is not None:
+            try:
+                self._gpu_sampler.stop()
+            except Exception:
+                log.debug("stepscope: GPU sampler did not stop cleanly", exc_info=True)
+        if self.env.rank == 0:
+            status = "failed" if failed else "finished"
+            self.shipper.update_job(send=True, status=status, ended_at=time.time())
+        if not self.shipper.close():
+            log.warning(
+                "stepscope: %s records not acknowledged at close (collector unreachable?)",
+                "some" if self.shipper.stats.num_rows_sent else "all",
+            )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        if exc is not None:
+            self.event("exception", f"{type(exc).__name__}: {exc}")
+        self.close(failed=exc is not None)
+        return False
+
+    # ---- hot path ------------------------------------------------------------------------
+
+    def _begin_step(self, index: int | None) -> None:
+        if self._current is not None:  # step() entered twice without exit: close the first
+            self._end_step(failed=False)
+        now = time.perf_counter()
+        if self._device_type is None:
+            self._set_device(_current_device_type())
+        start = self._pre_data_start if self._pre_data_start is not None else now
+        index = self._next_index if index is None else index
+        record = StepRecord(
+            step=index,
+            ts=time.time() - (now - start),
+            base=self._clock.mark(),
+            data_s=self._pre_data_s,
+        )
+        if self._pre_values:
+            custom = self._pre_values.pop("_custom", None)
+            record.values.update(self._pre_values)
+            if custom:
+                record.custom.update(custom)
+            self._pre_values = {}
+        self._pre_data_s = 0.0
+        self._pre_data_start = None
+        self._step_start = start
+        self._next_index = index + 1
+        if self.config.flops_per_step == "auto" and self._flops_per_step is None:
+            self._start_flop_count()
+        self._current = record
+
+    def _end_step(self, *, failed: bool) -> None:
+        record = self._current
+        if record is None:
+            return
+        self._current = None
+        record.step_s = time.perf_counter() - self._step_start
+        record.calls, self._calls = self._calls, []
+        if self._flop_counter is not None:
+            self._stop_flop_count()
+        values = record.values
+        if "tokens" not in values and self.config.tokens_per_step is not None:
+            values["tokens"] = self.config.tokens_per_step
+        if "samples" not in values and self.config.samples_per_step is not None:
+            values["samples"] = self.config.samples_per_step
+        if "flops" not in values and self._flops_per_step is not None:
+            values["flops"] = self._flops_per_step
+        if self._device_type == "cuda":
+            values["mem_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        self._unresolved.append(record)
+        self._resolve(force=False)
+
+    def _add_data_time(self, start: float, end: float) -> None:
+        current = self._current
+        if current is not None:
+            current.data_s += end - start
+            return
+        if self._pre_data_start is None:
+            self._pre_data_start = start
+        self._pre_data_s += end - start
+
+    def _record_call(self, call: CollectiveCall) -> None:
+        if not self._broken:
+            self._calls.append(call)
+
+    # ---- off the hot path ----------------------------------------------------------------
+
+    def _resolve(self, *, force: bool) -> None:
+        """Ship the oldest finished steps whose marks all happened (blocks only when forced)."""
+        clock = self._clock
+        while self._unresolved:
+            record = self._unresolved[0]
+            if not record.is_resolved(clock):
+                if force:
+                    _wait_for(record, clock, timeout_s=self.config.close_timeout_s)
+                elif len(self._unresolved) <= _MAX_UNRESOLVED_STEPS:
+                    return
+            self._unresolved.popleft()
+            row, collective_rows = record.to_rows(clock)
+            self.shipper.add("steps", row)
+            for collective_row in collective_rows:
+                self.shipper.add("collectives", collective_row)
+            if record.custom:
+                self.shipper.add(
+                    "events",
+                    {
+                        "ts": row["ts"],
+                        "kind": "custom",
+                        "message": "record",
+                        "attributes": _json_safe({"step": record.step, **record.custom}),
+                    },
+                )
+
+    def _set_device(self, device_type: str | None) -> None:
+        if device_type is None or device_type == self._device_type:
+            return
+        if self._device_type is not None and self._next_index > 0:
+            return  # the clock cannot change under recorded steps
+        self._device_type = device_type
+        self._clock = build_clock(device_type)
+        if self._patch is not None:
+            self._patch.remove()
+            self._patch = CollectivePatch(clock=self._clock, record=self._record_call)
+            self._patch.install()
+        if device_type == "cuda":
+            device_name = torch.cuda.get_device_name(torch.cuda.current_device())
+        else:
+            device_name = device_type
+        peak_flops = self.config.peak_flops
+        if peak_flops is None:
+            peak_for = _flops_module_attr("peak_flops_for")
+            peak_flops = peak_for(device_name) if peak_for is not None else None
+        self.shipper.update_job(device_name=device_name, peak_flops=peak_flops)
+        if peak_flops is None and self.env.rank == 0:
+            self.event(
+                "custom",
+                f"peak FLOP/s unknown for device {device_name!r}: no MFU is computed. "
+                "Pass peak_flops= to stepscope.init() or set STEPSCOPE_PEAK_FLOPS.",
+                device_name=device_name,
+                reason="device not in the peak FLOP/s table and no peak_flops given",
+            )
+
+    def _start_flop_count(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._flop_counter = FlopCounterMode(display=False)
+        self._flop_counter.__enter__()
+
+    def _stop_flop_count(self) -> None:
+        counter, self._flop_counter = self._flop_counter, None
+        counter.__exit__(None, None, None)
+        self._flops_per_step = float(counter.get_total_flops())
+        if self._current is None and self._unresolved:
+            self._unresolved[-1].values["flops"] = self._flops_per_step
+
+    def _start_gpu_sampler(self) -> Any:
+        try:
+            from .nvml import GpuSampler
+        except ImportError:
+            return None
+        try:
+            sampler = GpuSampler.create(
+                interval_s=self.config.gpu_interval_s,
+                gpu_index=self.env.local_rank,
+                emit=functools.partial(self.shipper.add, "gpu"),
+            )
+            if sampler is not None:
+                sampler.start()
+            return sampler
+        except Exception:
+            log.warning("stepscope: GPU telemetry off after an error", exc_info=True)
+            return None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Turn profiling off after an internal error, and say so once (log and event)."""
+        if self._broken:
+            return
+        self._broken = True
+        self._current = None
+        log.exception("stepscope: internal error, profiling is off for this rank", exc_info=exc)
+        if self._patch is not None:
+            self._patch.enabled = False
+        if self._flop_counter is not None:
+            try:
+                self._flop_counter.__exit__(None, None, None)
+            except Exception:
+                log.debug("stepscope: flop counter did not exit cleanly", exc_info=True)
+            self._flop_counter = None
+        try:
+            self.shipper.add(
+                "events",
+                {
+                    "ts": time.time(),
+                    "kind": "exception",
+                    "message": f"stepscope internal error, profiling off: "
+                    f"{type(exc).__name__}: {exc}",
+                    "attributes": {"pid": os.getpid()},
+                },
+            )
+        except Exception:
+            log.debug("stepscope: could not report the internal error", exc_info=True)
+
+
+def _device_type_of(model: Any) -> str | None:
+    try:
+        return str(next(model.parameters()).device.type)
+    except (AttributeError, StopIteration, TypeError):
+        return None
+
+
+def _current_device_type() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return "cuda"
+    return "cpu"
+
+
+def _flops_module_attr(name: str) -> Any:
+    """A function of stepscope.profiler.flops, or None while that module is absent."""
+    try:
+        from . import flops
+    except ImportError:
+        return None
+    return getattr(flops, name, None)
+
+
+def _count_flops(fn: Callable[[], object]) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def _wait_for(record: StepRecord, clock: Clock, *, timeout_s: float) -> None:
+    """Block (only at close) until the record's marks happened, or the timeout passed."""
+    deadline = time.monotonic() + timeout_s
+    for call in record.calls:
+        while call.end is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if call.end is not None:
+            clock.wait(call.end)
+    for spans in record.sections.values():
+        clock.wait(spans[-1][1])
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return _json_safe(value.item())
+    return str(value)

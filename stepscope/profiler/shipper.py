@@ -1,0 +1,332 @@
+"""Background shipping of records to the collector: bounded buffers, columnar gzip batches,
+retries with backoff and jitter, resend of unacknowledged batches, spill to disk, drop counters.
+
+Only the stdlib is used. Nothing here raises into the caller: `add_*` are O(1) appends
+that drop (and count) when the buffer is full, and `close()` waits at most its timeout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepscope.schema import COLLECTIVES, GPU, STEPS, WIRE_SCHEMA_VERSION
+
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+KINDS = ("steps", "collectives", "gpu", "events")
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "steps": tuple(c.name for c in STEPS.wire_columns),
+    "collectives": tuple(c.name for c in COLLECTIVES.wire_columns),
+    "gpu": tuple(c.name for c in GPU.wire_columns),
+}
+_RETRYABLE_STATUS = (408, 429)
+
+
+@dataclass(slots=True)
+class _Batch:
+    seq: int
+    payload: dict[str, Any]
+    counts: dict[str, int]
+    body_gz: bytes = b""
+
+    def encoded(self) -> bytes:
+        if not self.body_gz:
+            text = json.dumps(self.payload, separators=(",", ":"), allow_nan=False)
+            self.body_gz = gzip.compress(text.encode(), compresslevel=6)
+        return self.body_gz
+
+
+@dataclass(kw_only=True, slots=True)
+class ShipperStats:
+    """Counters of what the shipper did; read them for benchmarks and tests."""
+
+    num_batches_sent: int = 0
+    num_bytes_sent: int = 0
+    """Gzipped request bodies acknowledged by the collector, in bytes."""
+    num_rows_sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    num_dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    num_retries: int = 0
+    num_rejected_batches: int = 0
+    num_spilled_batches: int = 0
+
+
+class _SendError(Exception):
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Shipper:
+    """Owns the buffers and the thread that posts them to {url}/v1/ingest."""
+
+    def __init__(
+        self, *, config: Config, job: dict[str, Any], source: dict[str, Any], start: bool = True
+    ) -> None:
+        assert config.url is not None
+        self._config = config
+        self._endpoint = config.url.rstrip("/") + "/v1/ingest"
+        self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        if config.token:
+            self._headers["Authorization"] = f"Bearer {config.token}"
+        self._job = dict(job)
+        self._job_changed = False
+        self._source = dict(source)
+        self._lock = threading.Lock()
+        self._buffers: dict[str, deque[Any]] = {kind: deque() for kind in KINDS}
+        self._pending: deque[_Batch] = deque()
+        self._seq = 0
+        self.stats = ShipperStats()
+        self._dropped_reported = dict.fromkeys(KINDS, 0)
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._deadline = float("inf")
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
+        self._last_error: str | None = None
+        self._spill_path = self._spill_file(config, job, source)
+        self._thread = threading.Thread(target=self._run, name="stepscope-shipper", daemon=True)
+        if start:
+            self._thread.start()
+
+    # ---- called from training threads: O(1), never raise ------------------------------
+
+    def add(self, kind: str, row: Any) -> None:
+        """Buffer one record (a dict of wire columns, or an event dict); drop and count if full."""
+        buffer = self._buffers[kind]
+        if len(buffer) >= self._config.max_buffer_rows:
+            self.stats.num_dropped[kind] += 1
+            return
+        buffer.append(row)
+
+    def update_job(self, *, send: bool = False, **fields: Any) -> None:
+        """Change job fields sent with later batches; `send` forces a batch even with no records."""
+        with self._lock:
+            self._job.update(fields)
+            self._job_changed = self._job_changed or send
+
+    def flush_soon(self) -> None:
+        self._wake.set()
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Send what is buffered, waiting at most `timeout_s`; True when all was acknowledged."""
+        timeout_s = self._config.close_timeout_s if timeout_s is None else timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s + 1.0)
+        return self.idle
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered or unacknowledged in memory."""
+        return not self._pending and not any(self._buffers.values())
+
+    # ---- the shipper thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load_spill()
+            while True:
+                self._build_batches()
+                now = time.monotonic()
+                stopping = self._stopping.is_set()
+                if stopping and now >= self._deadline:
+                    break
+                if self._pending and now >= self._retry_at:
+                    self._send_oldest()
+                    continue
+                if stopping and not self._pending and not any(self._buffers.values()):
+                    break
+                if self._pending:
+                    wait_s = self._retry_at - now
+                else:
+                    wait_s = self._config.flush_interval_s
+                if stopping:
+                    wait_s = min(wait_s, self._deadline - now)
+                self._wake.wait(max(wait_s, 0.0))
+                self._wake.clear()
+        except Exception:  # a shipper bug must not take the process down
+            log.exception("stepscope shipper stopped after an internal error")
+        finally:
+            self._spill_all_pending()
+            for kind, buffer in self._buffers.items():
+                self.stats.num_dropped[kind] += len(buffer)
+                buffer.clear()
+
+    def _build_batches(self) -> None:
+        while any(self._buffers.values()) or self._job_changed:
+            batch = self._next_batch()
+            if len(self._pending) >= self._config.max_pending_batches:
+                if not self._spill(batch):
+                    self._drop(batch)
+                continue
+            self._pending.append(batch)
+
+    def _next_batch(self) -> _Batch:
+        limit = self._config.max_batch_rows
+        payload: dict[str, Any] = {"schema": WIRE_SCHEMA_VERSION}
+        with self._lock:
+            payload["job"] = dict(self._job)
+            self._job_changed = False
+        payload["source"] = self._source
+        payload["seq"] = self._seq
+        counts: dict[str, int] = {}
+        for kind in KINDS:
+            buffer = self._buffers[kind]
+            rows = [buffer.popleft() for _ in range(min(limit, len(buffer)))]
+            if not rows:
+                continue
+            counts[kind] = len(rows)
+            if kind == "events":
+                payload[kind] = rows
+            else:
+                payload[kind] = {c: [row.get(c) for row in rows] for c in _COLUMNS[kind]}
+        batch = _Batch(seq=self._seq, payload=payload, counts=counts)
+        self._seq += 1
+        return batch
+
+    def _send_oldest(self) -> None:
+        batch = self._pending[0]
+        try:
+            self._post(batch.encoded())
+        except _SendError as exc:
+            if exc.retryable:
+                self.stats.num_retries += 1
+                self._schedule_retry(str(exc))
+                return
+            self._pending.popleft()
+            self.stats.num_rejected_batches += 1
+            self._drop(batch)
+            log.warning("stepscope collector rejected batch %d: %s", batch.seq, exc)
+            return
+        self._pending.popleft()
+        self.stats.num_batches_sent += 1
+        self.stats.num_bytes_sent += len(batch.body_gz)
+        for kind, n in batch.counts.items():
+            self.stats.num_rows_sent[kind] += n
+        if self._last_error is not None:
+            log.info("stepscope collector reachable again after: %s", self._last_error)
+            self._last_error = None
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
+        self._report_drops()
+        if not self._pending:
+            self._load_spill()
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(
+            self._endpoint, data=body, headers=self._headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self._config.http_timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
+            raise _SendError(f"HTTP {exc.code}: {detail}", retryable=retryable) from exc
+        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
+            raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
+
+    def _schedule_retry(self, error: str) -> None:
+        if self._last_error is None:
+            log.warning("stepscope collector unreachable (%s); will retry", error)
+        self._last_error = error
+        base_s = min(self._config.flush_interval_s, 0.5)
+        self._backoff_s = min(max(self._backoff_s * 2.0, base_s), self._config.backoff_max_s)
+        # Full jitter keeps thousands of ranks from retrying in lockstep.
+        self._retry_at = time.monotonic() + random.uniform(0.5, 1.0) * self._backoff_s
+
+    def _drop(self, batch: _Batch) -> None:
+        for kind, n in batch.counts.items():
+            self.stats.num_dropped[kind] += n
+
+    def _report_drops(self) -> None:
+        new = {k: self.stats.num_dropped[k] - self._dropped_reported[k] for k in KINDS}
+        if not any(new.values()):
+            return
+        self._dropped_reported = dict(self.stats.num_dropped)
+        total = sum(new.values())
+        self._buffers["events"].append(
+            {
+                "ts": time.time(),
+                "kind": "custom",
+                "message": f"stepscope dropped {total} records (buffer full or collector "
+                "unreachable)",
+                "attributes": {f"dropped_{k}": n for k, n in new.items()},
+            }
+        )
+
+    # ---- spill file ----------------------------------------------------------------------
+
+    @staticmethod
+    def _spill_file(config: Config, job: dict[str, Any], source: dict[str, Any]) -> Path | None:
+        if not config.spill_dir:
+            return None
+        safe_job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("job_id", "job")))
+        return Path(config.spill_dir) / f"stepscope-{safe_job_id}-rank{source['rank']}.jsonl"
+
+    def _spill(self, batch: _Batch) -> bool:
+        path = self._spill_path
+        if path is None:
+            return False
+        try:
+            line = json.dumps(batch.payload, separators=(",", ":")) + "\n"
+            size = path.stat().st_size if path.exists() else 0
+            if size + len(line) > self._config.spill_max_bytes:
+                return False
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(line)
+        except OSError as exc:
+            log.warning("stepscope could not spill to %s: %s", path, exc)
+            return False
+        self.stats.num_spilled_batches += 1
+        return True
+
+    def _spill_all_pending(self) -> None:
+        while self._pending:
+            batch = self._pending.popleft()
+            if not self._spill(batch):
+                self._drop(batch)
+
+    def _load_spill(self) -> None:
+        path = self._spill_path
+        if path is None or not path.exists():
+            return
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            room = self._config.max_pending_batches - len(self._pending)
+            for line in lines[:room]:
+                payload = json.loads(line)
+                counts = {k: _num_rows(payload.get(k)) for k in KINDS if k in payload}
+                self._pending.append(_Batch(seq=payload["seq"], payload=payload, counts=counts))
+            rest = lines[room:]
+            if rest:
+                path.write_text("".join(line + "\n" for line in rest), encoding="utf-8")
+            else:
+                path.unlink()
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("stepscope could not read spill file %s: %s", path, exc)
+
+
+def _num_rows(section: Any) -> int:
+    if isinstance(section, list):
+        return len(section)
+    if isinstance(section, dict) and section:
+        return len(next(iter(section.values())))
+    return 0

@@ -1,0 +1,133 @@
+"""One training step as the profiler saw it, and how it becomes wire rows.
+
+A `StepRecord` collects marks on the hot path; `is_resolved()` asks (without blocking)
+whether every mark has happened; `to_rows()` turns it into one schema.STEPS row and
+schema.COLLECTIVES rows aggregated per op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .comm import CollectiveCall
+from .timer import Clock, Mark, union_s
+
+SECTION_COLUMNS = {
+    "forward": "forward_s",
+    "backward": "backward_s",
+    "optimizer": "optimizer_s",
+    "h2d": "h2d_s",
+}
+"""Section names that map to schema.STEPS columns."""
+
+_DURATION_DIGITS = 7
+_TS_DIGITS = 6
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Marks and values of one step on this rank."""
+
+    step: int
+    ts: float
+    """Step start (first dataloader wait before it, or step() entry), epoch seconds."""
+    base: Mark
+    """Clock mark at step() entry; the origin for this step's device-side offsets."""
+    data_s: float = 0.0
+    step_s: float = 0.0
+    sections: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
+    calls: list[CollectiveCall] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    """Column values given directly: tokens, samples, flops, mem_peak_bytes..."""
+    custom: dict[str, Any] = field(default_factory=dict)
+    """Values with no column (prof.record(**custom), unknown section names)."""
+
+    def is_resolved(self, clock: Clock) -> bool:
+        """Every mark has happened and every collective completed (never blocks)."""
+        for call in self.calls:
+            if call.end is None or not clock.is_ready(call.end):
+                return False
+        for spans in self.sections.values():
+            if not clock.is_ready(spans[-1][1]):
+                return False
+        return True
+
+    def to_rows(self, clock: Clock) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The steps row and the collectives rows of this step; unresolved marks are skipped."""
+        row: dict[str, Any] = {
+            "step": self.step,
+            "ts": round(self.ts, _TS_DIGITS),
+            "step_s": _r(self.step_s),
+            "data_s": _r(self.data_s),
+        }
+        for name, spans in self.sections.items():
+            total_s = sum(clock.seconds_between(a, b) for a, b in spans if clock.is_ready(b))
+            column = SECTION_COLUMNS.get(name)
+            if column is not None:
+                row[column] = _r(total_s)
+            else:
+                self.custom[f"{name}_s"] = _r(total_s)
+        done = [c for c in self.calls if c.end is not None and clock.is_ready(c.end)]
+        comm_wait_s: float | None = None
+        if done:
+            spans_s = [
+                (clock.seconds_between(self.base, c.start), clock.seconds_between(self.base, c.end))
+                for c in done
+            ]
+            row["comm_s"] = _r(union_s(spans_s))
+            comm_wait_s = _comm_wait_s(done, spans_s)
+            row["comm_wait_s"] = _r(comm_wait_s)
+        row["compute_s"] = _r(max(0.0, self.step_s - self.data_s - (comm_wait_s or 0.0)))
+        row.update(self.values)
+        return row, _collective_rows(self.step, done, clock)
+
+
+def _comm_wait_s(calls: list[CollectiveCall], spans_s: list[tuple[float, float]]) -> float:
+    """Time this rank sat blocked on collectives, not overlapped by its own work.
+
+    DDP buckets: from the last bucket becoming ready (the end of this rank's gradient
+    compute) to the last bucket's all-reduce completing. A rank delayed in backward has
+    its last bucket ready late and waits least; its peers wait for it. Synchronous
+    explicit collectives block for their whole duration.
+    """
+    wait_s = 0.0
+    last_ready_s = last_done_s = None
+    for call, (start_s, end_s) in zip(calls, spans_s, strict=True):
+        if call.ddp_bucket:
+            last_ready_s = start_s if last_ready_s is None else max(last_ready_s, start_s)
+            last_done_s = end_s if last_done_s is None else max(last_done_s, end_s)
+        elif call.blocking:
+            wait_s += max(0.0, end_s - start_s)
+    if last_ready_s is not None and last_done_s is not None:
+        wait_s += max(0.0, last_done_s - last_ready_s)
+    return wait_s
+
+
+def _collective_rows(step: int, calls: list[CollectiveCall], clock: Clock) -> list[dict[str, Any]]:
+    by_op: dict[str, dict[str, Any]] = {}
+    for call in calls:
+        assert call.end is not None
+        busy_s = max(0.0, clock.seconds_between(call.start, call.end))
+        agg = by_op.get(call.op)
+        if agg is None:
+            by_op[call.op] = {
+                "step": step,
+                "op": call.op,
+                "group_size": call.group_size,
+                "count": 1,
+                "bytes": call.num_bytes,
+                "busy_s": busy_s,
+            }
+        else:
+            agg["group_size"] = max(agg["group_size"], call.group_size)
+            agg["count"] += 1
+            agg["bytes"] += call.num_bytes
+            agg["busy_s"] += busy_s
+    for agg in by_op.values():
+        agg["busy_s"] = _r(agg["busy_s"])
+    return list(by_op.values())
+
+
+def _r(seconds: float) -> float:
+    return round(seconds, _DURATION_DIGITS)
