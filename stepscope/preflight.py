@@ -50,7 +50,7 @@ def format_table(result: PreflightResult) -> str:
     lines = [f"stepscope preflight: {result.world_size} ranks, backend {result.backend}", ""]
     lines.append(f"{'all_reduce size':>16}  {'busbw GB/s (median)':>20}")
     for size, busbw in zip(result.sizes_bytes, result.busbw_bps, strict=True):
-        lines.append(f"{_size(size):>16}  {busbw / 1e9:>20.3f}")
+        lines.append(f"{_size(size):>16}  {busbw / 1e9:>20.4g}")
     largest = _size(result.sizes_bytes[-1])
     lines += [
         "",
@@ -59,7 +59,7 @@ def format_table(result: PreflightResult) -> str:
     for rank, flops in enumerate(result.rank_matmul_flops):
         busbw = result.rank_busbw_bps[rank][-1]
         node = result.rank_nodes[rank][:20]
-        lines.append(f"{rank:>4}  {node:<20} {flops / 1e12:>14.4f}  {busbw / 1e9:>20.3f}")
+        lines.append(f"{rank:>4}  {node:<20} {flops / 1e12:>14.4f}  {busbw / 1e9:>20.4g}")
     lines.append("")
     if not result.slow_ranks:
         lines.append(f"no slow ranks (threshold {result.slow_fraction:.0%} of the median)")
