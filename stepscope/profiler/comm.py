@@ -101,6 +101,12 @@ def make_ddp_hook(
 
         return future.then(done)
 
+    # DDP checks these annotations; with postponed evaluation they would be strings.
+    hook.__annotations__ = {
+        "process_group": Any,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     return hook
 
 

@@ -306,10 +306,10 @@ class ActiveProfiler(Profiler):
                 self._gpu_sampler.stop()
             except Exception:
                 log.debug("stepscope: GPU sampler did not stop cleanly", exc_info=True)
+        final_job = None
         if self.env.rank == 0:
-            status = "failed" if failed else "finished"
-            self.shipper.update_job(send=True, status=status, ended_at=time.time())
-        if not self.shipper.close():
+            final_job = {"status": "failed" if failed else "finished", "ended_at": time.time()}
+        if not self.shipper.close(final_job=final_job):
             log.warning(
                 "stepscope: %s records not acknowledged at close (collector unreachable?)",
                 "some" if self.shipper.stats.num_rows_sent else "all",

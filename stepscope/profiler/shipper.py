@@ -84,6 +84,7 @@ class Shipper:
             self._headers["Authorization"] = f"Bearer {config.token}"
         self._job = dict(job)
         self._job_changed = False
+        self._final_job: dict[str, Any] | None = None
         self._source = dict(source)
         self._lock = threading.Lock()
         self._buffers: dict[str, deque[Any]] = {kind: deque() for kind in KINDS}
@@ -121,9 +122,17 @@ class Shipper:
     def flush_soon(self) -> None:
         self._wake.set()
 
-    def close(self, timeout_s: float | None = None) -> bool:
-        """Send what is buffered, waiting at most `timeout_s`; True when all was acknowledged."""
+    def close(
+        self, timeout_s: float | None = None, *, final_job: dict[str, Any] | None = None
+    ) -> bool:
+        """Send what is buffered, waiting at most `timeout_s`; True when all was acknowledged.
+
+        `final_job` (status, ended_at) goes last, in a batch of its own, tried at most twice:
+        it must not hold back or endanger the records.
+        """
         timeout_s = self._config.close_timeout_s if timeout_s is None else timeout_s
+        self._final_job = final_job
+        self._retry_at = 0.0  # one prompt retry, whatever the backoff had reached
         self._deadline = time.monotonic() + timeout_s
         self._stopping.set()
         self._wake.set()
@@ -151,6 +160,8 @@ class Shipper:
                     self._send_oldest()
                     continue
                 if stopping and not self._pending and not any(self._buffers.values()):
+                    if self._final_job is not None:
+                        self._send_final_job()
                     break
                 if self._pending:
                     wait_s = self._retry_at - now
@@ -227,6 +238,20 @@ class Shipper:
         self._report_drops()
         if not self._pending:
             self._load_spill()
+
+    def _send_final_job(self) -> None:
+        with self._lock:
+            self._job.update(self._final_job or {})
+        self._final_job = None
+        batch = self._next_batch()
+        for _ in range(2):
+            try:
+                self._post(batch.encoded())
+                return
+            except _SendError as exc:
+                if not exc.retryable:
+                    break
+        log.info("stepscope: the job's final status was not acknowledged")
 
     def _post(self, body: bytes) -> None:
         request = urllib.request.Request(

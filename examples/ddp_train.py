@@ -1,0 +1,196 @@
+"""A small CPU DDP (gloo) training run profiled by stepscope, with optional injected delays.
+
+    torchrun --standalone --nproc_per_node=4 examples/ddp_train.py --url http://127.0.0.1:8000
+
+Delays make one rank a straggler so the dashboard and the analysis have something to
+find: `--delay-rank 2 --delay-phase backward --delay-s 0.05`. Without --url (or
+STEPSCOPE_URL) the profiler is a no-op and the script just trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import stepscope
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="training steps")
+    p.add_argument("--url", default=None, help="collector URL (else STEPSCOPE_URL)")
+    p.add_argument("--job-id", default=None, help="job id (else STEPSCOPE_JOB_ID / torchrun's)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
+    p.add_argument("--delay-rank", type=int, default=-1, help="rank that gets the delay")
+    p.add_argument("--delay-phase", choices=PHASES, default="backward")
+    p.add_argument("--delay-s", type=float, default=0.0, help="delay per step, seconds")
+    p.add_argument("--delay-from-step", type=int, default=0, help="first delayed step")
+    p.add_argument(
+        "--step-sleep-s", type=float, default=0.0, help="extra sleep per step, all ranks"
+    )
+    p.add_argument(
+        "--mode",
+        choices=("ddp", "allreduce"),
+        default="ddp",
+        help="ddp: train an MLP; allreduce: a loop of explicit dist.all_reduce calls",
+    )
+    p.add_argument("--allreduce-numel", type=int, default=1 << 18, help="floats per all_reduce")
+    p.add_argument("--allreduce-per-step", type=int, default=4)
+    p.add_argument("--flush-interval-s", type=float, default=0.5)
+    p.add_argument("--spill-dir", default=None)
+    p.add_argument("--break-profiler", action="store_true", help="make a profiler internal raise")
+    p.add_argument("--out", default=None, help="directory for a per-rank JSON summary")
+    return p.parse_args(argv)
+
+
+class SyntheticLoader:
+    """Random regression batches; sleeps before each batch on the rank told to."""
+
+    def __init__(self, *, steps: int, batch_size: int, width: int, delay_s: float) -> None:
+        self.steps = steps
+        self.batch_size = batch_size
+        self.width = width
+        self.delay_s = delay_s
+        self.delay_from_step = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(dist.get_rank())
+        for i in range(self.steps):
+            if self.delay_s and i >= self.delay_from_step:
+                time.sleep(self.delay_s)
+            x = torch.randn(self.batch_size, self.width, generator=gen)
+            yield x, x.sum(dim=1, keepdim=True)
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int, backward_delay_s: float) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+        self.second = nn.Sequential(nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        self.head = nn.Linear(width, 1)
+        self.backward_delay_s = backward_delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if self.backward_delay_s and h.requires_grad:
+            delay_s = self.backward_delay_s
+            # Sleeps in the middle of backward: the gradients of `first` come late.
+            h.register_hook(lambda grad: (time.sleep(delay_s), grad)[1])
+        return self.head(self.second(h))
+
+
+def break_profiler() -> None:
+    """Make an internal of the profiler raise, to show it never reaches the training loop."""
+    from stepscope.profiler import steps
+
+    def broken(self: object, clock: object) -> object:
+        raise RuntimeError("injected profiler bug")
+
+    steps.StepRecord.to_rows = broken  # type: ignore[method-assign,assignment]
+
+
+def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> dict[str, float]:
+    delayed = rank == args.delay_rank and args.delay_s > 0
+    delay = {
+        phase: args.delay_s if delayed and args.delay_phase == phase else 0.0 for phase in PHASES
+    }
+    torch.manual_seed(0)
+    model = MLP(args.width, backward_delay_s=0.0)
+    ddp = DistributedDataParallel(model)
+    prof.watch(ddp)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    data = SyntheticLoader(
+        steps=args.steps, batch_size=args.batch_size, width=args.width, delay_s=delay["data"]
+    )
+    data.delay_from_step = args.delay_from_step
+    loss = torch.zeros(())
+    for step, (x, y) in enumerate(prof.wrap_dataloader(data)):
+        active = step >= args.delay_from_step
+        model.backward_delay_s = delay["backward"] if active else 0.0
+        with prof.step():
+            with prof.section("forward"):
+                if delay["forward"] and active:
+                    time.sleep(delay["forward"])
+                loss = nn.functional.mse_loss(ddp(x), y)
+            with prof.section("backward"):
+                loss.backward()
+            with prof.section("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if delay["optimizer"] and active:
+                    time.sleep(delay["optimizer"])
+            prof.record(samples=x.shape[0], tokens=x.shape[0] * args.width)
+            if args.step_sleep_s:
+                time.sleep(args.step_sleep_s)
+    return {"final_loss": float(loss.item())}
+
+
+def train_allreduce(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, float]:
+    tensor = torch.ones(args.allreduce_numel)
+    own_busy_s = 0.0
+    for _ in range(args.steps):
+        with prof.step():
+            for _ in range(args.allreduce_per_step):
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                own_busy_s += time.perf_counter() - start
+                tensor.fill_(1.0)
+    return {
+        "own_busy_s": own_busy_s,
+        "bytes_per_call": tensor.numel() * tensor.element_size(),
+        "calls": args.steps * args.allreduce_per_step,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if args.break_profiler:
+        break_profiler()
+    prof = stepscope.init(
+        job_id=args.job_id,
+        url=args.url,
+        flush_interval_s=args.flush_interval_s,
+        spill_dir=args.spill_dir,
+        attributes={"example": "ddp_train", "mode": args.mode},
+    )
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, f"rank{rank}.started").touch()
+    start = time.perf_counter()
+    if args.mode == "ddp":
+        summary = train_ddp(args, prof, rank)
+    else:
+        summary = train_allreduce(args, prof)
+    summary["train_s"] = time.perf_counter() - start
+    prof.close()
+    shipper = getattr(prof, "shipper", None)
+    if shipper is not None:
+        summary["bytes_sent"] = shipper.stats.num_bytes_sent
+        summary["steps_sent"] = shipper.stats.num_rows_sent["steps"]
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, f"rank{rank}.json").write_text(json.dumps(summary))
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)  # gloo sometimes aborts in interpreter teardown
+
+
+if __name__ == "__main__":
+    main()
