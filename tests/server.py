@@ -97,14 +97,13 @@ def run_server(
                 proc.wait()
 
 
-def read_rows(db_url: str, table: str, job_id: str) -> list[dict[str, Any]]:
-    """All stored rows of `table` for `job_id`, as dicts."""
+def read_rows(db_url: str, table: str, job_id: str | None) -> list[dict[str, Any]]:
+    """Stored rows of `table` for `job_id` (all rows when None), as dicts."""
     engine = make_engine(db_url)
     try:
         t = sa.Table(table, sa.MetaData(), autoload_with=engine)
         with engine.connect() as conn:
-            return [
-                dict(r) for r in conn.execute(sa.select(t).where(t.c.job_id == job_id)).mappings()
-            ]
+            query = sa.select(t) if job_id is None else sa.select(t).where(t.c.job_id == job_id)
+            return [dict(r) for r in conn.execute(query).mappings()]
     finally:
         engine.dispose()

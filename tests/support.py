@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,3 +38,34 @@ def require_torchrun() -> str:
     require(path is not None, "torchrun (pip install 'stepscope[torch]')")
     assert path is not None
     return path
+
+
+def postgres_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(_psycopg_dsn(POSTGRES_URL), connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+def _psycopg_dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database for one test; dropped afterwards."""
+    import psycopg
+
+    require(postgres_available(), f"PostgreSQL at {POSTGRES_URL}")
+    name = f"stepscope_test_{uuid.uuid4().hex[:12]}"
+    admin = _psycopg_dsn(POSTGRES_URL)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

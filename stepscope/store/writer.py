@@ -60,7 +60,8 @@ def insert_ignoring_duplicates(conn: sa.Connection, table: sa.Table, frame: pl.D
             for row in frame.iter_rows():
                 copy.write_row(row)
         cur.execute(
-            f'INSERT INTO "{table.name}" ({quoted}) SELECT {casts} FROM {stage} ON CONFLICT DO NOTHING'
+            f'INSERT INTO "{table.name}" ({quoted}) '
+            f"SELECT {casts} FROM {stage} ON CONFLICT DO NOTHING"
         )
 
 
@@ -106,8 +107,9 @@ class BatchWriter:
                     num_events=counts["events"],
                 )
                 .on_conflict_do_nothing()
-            )
-            if claimed.rowcount == 0:
+                .returning(tables.IngestBatch.seq)
+            ).first()
+            if claimed is None:
                 return WriteResult(accepted=self._stored_counts(conn, key, seq), duplicate=True)
             self._upsert_job(conn, job, frames, now)
             self._upsert_rank(conn, job["job_id"], source, now)

@@ -1,0 +1,68 @@
+"""Alembic migrations on empty SQLite and PostgreSQL databases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sqlalchemy as sa
+
+from stepscope.store.engine import make_engine
+from stepscope.store.migrate import current_revision, head_revision
+
+EXPECTED_TABLES = {
+    "jobs",
+    "ranks",
+    "steps",
+    "collectives",
+    "gpu_samples",
+    "events",
+    "findings",
+    "ingest_batches",
+    "api_tokens",
+    "alembic_version",
+}
+
+
+def test_db_upgrade_creates_every_table_on_an_empty_database(empty_db_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "db", "upgrade", "--db", empty_db_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    engine = make_engine(empty_db_url)
+    inspector = sa.inspect(engine)
+    assert set(inspector.get_table_names()) == EXPECTED_TABLES
+    assert current_revision(engine) == head_revision()
+    steps_pk = inspector.get_pk_constraint("steps")["constrained_columns"]
+    assert steps_pk == ["job_id", "rank", "step"]
+    assert inspector.get_pk_constraint("collectives")["constrained_columns"] == [
+        "job_id",
+        "rank",
+        "step",
+        "op",
+    ]
+    nullable = {c["name"]: c["nullable"] for c in inspector.get_columns("steps")}
+    assert nullable["step_s"] is False and nullable["comm_wait_s"] is True
+    engine.dispose()
+
+
+def test_server_refuses_an_unmigrated_postgres_database(empty_db_url: str) -> None:
+    if empty_db_url.startswith("sqlite"):
+        # The embedded default migrates itself at start.
+        from tests.server import run_server
+
+        with run_server(empty_db_url):
+            assert current_revision(make_engine(empty_db_url)) == head_revision()
+        return
+    out = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "serve", "--port", "0", "--db", empty_db_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "stepscope db upgrade" in out.stderr
+    assert "Traceback" not in out.stderr
