@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from stepscope.profiler.preflight import TEST_SLOW_RANK_ENV, run_preflight
+from tests.server import RunningServer, read_rows
 from tests.support import require_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +65,27 @@ def test_cli_names_the_rank_with_a_slow_matmul(tmp_path: Path) -> None:
     assert "SLOW: rank 1" in proc.stdout
     assert "matmul_flops" in proc.stdout
     assert proc.stdout.count("stepscope preflight: 2 ranks, backend gloo") == 1
+
+
+def test_cli_sends_the_finding_to_the_collector(tmp_path: Path, live_server: RunningServer) -> None:
+    args = ["--sizes-bytes", "4096", "--iters", "2", "--matmul-n", "128"]
+    _torchrun(
+        ["-m", "stepscope.preflight", *args],
+        tmp_path,
+        STEPSCOPE_URL=live_server.url,
+        STEPSCOPE_JOB_ID="preflight-e2e",
+        **{TEST_SLOW_RANK_ENV: "1"},
+    )
+    events = read_rows(live_server.db_url, "events", "preflight-e2e")
+
+    slow = [e for e in events if e["attributes"].get("metric") == "matmul_flops"]
+    assert [(e["rank"], e["kind"]) for e in slow] == [(1, "custom")]
+    assert slow[0]["message"].startswith("preflight: rank 1 on ")
+    assert slow[0]["attributes"]["ratio"] < 0.7
+    (summary,) = [e for e in events if "slow_ranks" in e["attributes"]]
+    assert summary["rank"] == 0
+    assert 1 in summary["attributes"]["slow_ranks"]
+    assert summary["attributes"]["sizes_bytes"] == [4096]
 
 
 SCRIPT = """
