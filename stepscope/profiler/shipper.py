@@ -85,6 +85,7 @@ class Shipper:
         self._job = dict(job)
         self._job_changed = False
         self._final_job: dict[str, Any] | None = None
+        self._left_unsent = False
         self._source = dict(source)
         self._lock = threading.Lock()
         self._buffers: dict[str, deque[Any]] = {kind: deque() for kind in KINDS}
@@ -138,7 +139,7 @@ class Shipper:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s + 1.0)
-        return self.idle
+        return not self._thread.is_alive() and not self._left_unsent
 
     @property
     def idle(self) -> bool:
@@ -174,6 +175,7 @@ class Shipper:
         except Exception:  # a shipper bug must not take the process down
             log.exception("stepscope shipper stopped after an internal error")
         finally:
+            self._left_unsent = bool(self._pending) or any(self._buffers.values())
             self._spill_all_pending()
             for kind, buffer in self._buffers.items():
                 self.stats.num_dropped[kind] += len(buffer)

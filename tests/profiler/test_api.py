@@ -1,0 +1,161 @@
+"""The public training API in one process: no-op when disabled, records when enabled, fail-open."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import stepscope
+from stepscope.profiler.api import NULL_CONTEXT, Profiler
+from stepscope.profiler.steps import StepRecord
+from tests.server import RunningServer, read_rows
+
+
+def test_importing_stepscope_pulls_in_nothing_server_side_nor_torch() -> None:
+    code = (
+        "import sys, stepscope, stepscope.profiler; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi','sqlalchemy','dash','polars','plotly','torch') or m.startswith("
+        "('stepscope.collector','stepscope.store','stepscope.api','stepscope.dashboard',"
+        "'stepscope.analysis')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("env", [{}, {"STEPSCOPE_DISABLED": "1", "STEPSCOPE_URL": "http://x:1"}])
+def test_disabled_profiler_is_a_cheap_no_op(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_URL", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    threads_before = threading.active_count()
+    all_reduce = dist.all_reduce
+    prof = stepscope.init(job_id="off")
+    assert type(prof) is Profiler
+    assert not prof.enabled
+    loader = [1, 2, 3]
+    assert prof.wrap_dataloader(loader) is loader
+    assert prof.step() is NULL_CONTEXT
+    assert dist.all_reduce is all_reduce
+    assert threading.active_count() == threads_before
+    num_steps = 100_000
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        with prof.step(), prof.section("forward"):
+            pass
+        prof.record(tokens=1)
+    per_step_s = (time.perf_counter() - start) / num_steps
+    assert per_step_s < 5e-6
+    prof.close()
+
+
+class Linear(nn.Module):
+    def __init__(self, width_in: int, width_out: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(width_in, width_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def slow_loader(num_batches: int, delay_s: float, batch: int, width: int) -> Iterator[torch.Tensor]:
+    for _ in range(num_batches):
+        time.sleep(delay_s)
+        yield torch.randn(batch, width)
+
+
+def test_single_process_run_records_steps_sections_data_flops_and_events(
+    live_server: RunningServer,
+) -> None:
+    batch, width_in, width_out, delay_s = 8, 32, 16, 0.02
+    model = Linear(width_in, width_out)
+    original_all_reduce = dist.all_reduce
+    prof = stepscope.init(
+        job_id="single-1",
+        url=live_server.url,
+        model=model,
+        flops_per_step="auto",
+        samples_per_step=batch,
+        flush_interval_s=0.2,
+    )
+    assert prof.enabled
+    assert dist.all_reduce is not original_all_reduce
+    for x in prof.wrap_dataloader(slow_loader(5, delay_s, batch, width_in)):
+        with prof.step():
+            with prof.section("forward"):
+                loss = model(x).square().mean()
+            with prof.section("backward"):
+                loss.backward()
+            with prof.section("clip"):
+                time.sleep(0.005)
+            prof.record(tokens=100, loss=loss.item())
+    prof.event("custom", "checkpoint saved", path="/tmp/ckpt")
+    prof.close()
+    assert dist.all_reduce is original_all_reduce
+
+    rows = sorted(read_rows(live_server.db_url, "steps", "single-1"), key=lambda r: r["step"])
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    for r in rows:
+        assert r["data_s"] >= delay_s
+        assert r["step_s"] >= r["data_s"] + r["forward_s"] + r["backward_s"]
+        assert r["forward_s"] > 0
+        assert r["backward_s"] > 0
+        assert r["tokens"] == 100
+        assert r["samples"] == batch
+        # forward x@W.T and backward dW only (the input needs no gradient): 2 + 2 FLOPs per MAC
+        assert r["flops"] == 4 * batch * width_in * width_out
+        assert r["comm_s"] is None
+    events = read_rows(live_server.db_url, "events", "single-1")
+    messages = [e["message"] for e in events]
+    assert "checkpoint saved" in messages
+    assert any("peak FLOP/s unknown for device 'cpu'" in m for m in messages)
+    records = [e for e in events if e["message"] == "record"]
+    assert len(records) == 5
+    assert all(e["attributes"]["clip_s"] >= 0.005 for e in records)
+    [job] = read_rows(live_server.db_url, "jobs", "single-1")
+    assert job["device_name"] == "cpu"
+    assert job["peak_flops"] is None
+
+
+def test_a_profiler_bug_never_reaches_the_training_loop(
+    live_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: StepRecord, clock: object) -> object:
+        raise RuntimeError("injected profiler bug")
+
+    monkeypatch.setattr(StepRecord, "to_rows", broken)
+    model = Linear(4, 2)
+    prof = stepscope.init(job_id="broken-1", url=live_server.url, flush_interval_s=0.2)
+    completed = 0
+    for _ in range(3):
+        with prof.step():
+            with prof.section("forward"):
+                loss = model(torch.randn(2, 4)).sum()
+            loss.backward()
+        completed += 1
+    assert completed == 3
+    assert prof.step() is NULL_CONTEXT
+    prof.close()
+    events = read_rows(live_server.db_url, "events", "broken-1")
+    [event] = [e for e in events if e["kind"] == "exception"]
+    assert "injected profiler bug" in event["message"]
+
+
+def test_user_exceptions_pass_through_the_context_managers(live_server: RunningServer) -> None:
+    with pytest.raises(ZeroDivisionError):  # noqa: PT012 (the with-blocks are the subject)
+        with stepscope.init(job_id="raises-1", url=live_server.url) as prof, prof.step():
+            _ = 1 / 0
+    events = read_rows(live_server.db_url, "events", "raises-1")
+    assert [e["kind"] for e in events if e["kind"] == "exception"] == ["exception"]
+    [row] = read_rows(live_server.db_url, "steps", "raises-1")
+    assert row["step"] == 0

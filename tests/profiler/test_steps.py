@@ -1,0 +1,89 @@
+"""How one step's marks become a steps row and collectives rows (CPU clock, crafted marks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepscope.profiler.comm import CollectiveCall
+from stepscope.profiler.steps import StepRecord
+from stepscope.profiler.timer import CpuClock, union_s
+
+CLOCK = CpuClock()
+
+
+def bucket(ready_s: float, done_s: float, num_bytes: int = 1000) -> CollectiveCall:
+    return CollectiveCall(
+        op="all_reduce",
+        group_size=4,
+        num_bytes=num_bytes,
+        start=ready_s,
+        end=done_s,
+        ddp_bucket=True,
+    )
+
+
+def test_union_of_overlapping_intervals() -> None:
+    assert union_s([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+    assert union_s([]) == 0.0
+
+
+def test_fast_rank_waits_from_its_last_ready_bucket_to_the_last_completion() -> None:
+    # Backward compute ends at 0.30 s; its all-reduces complete only at 0.80 s (a slow peer).
+    record = StepRecord(step=3, ts=1.7e9, base=0.0, step_s=0.85, data_s=0.02)
+    record.calls = [bucket(0.10, 0.80), bucket(0.30, 0.80)]
+    row, collectives = record.to_rows(CLOCK)
+    assert row["comm_wait_s"] == pytest.approx(0.50)
+    assert row["comm_s"] == pytest.approx(0.70)
+    assert row["compute_s"] == pytest.approx(0.85 - 0.02 - 0.50)
+    assert collectives == [
+        {
+            "step": 3,
+            "op": "all_reduce",
+            "group_size": 4,
+            "count": 2,
+            "bytes": 2000,
+            "busy_s": pytest.approx(0.70 + 0.50),
+        }
+    ]
+
+
+def test_slow_rank_barely_waits_because_its_peers_waited_for_it() -> None:
+    record = StepRecord(step=3, ts=1.7e9, base=0.0, step_s=0.85)
+    record.calls = [bucket(0.10, 0.79), bucket(0.78, 0.80)]
+    row, _ = record.to_rows(CLOCK)
+    assert row["comm_wait_s"] == pytest.approx(0.02)
+
+
+def test_synchronous_collectives_count_whole_and_async_ones_only_in_flight() -> None:
+    record = StepRecord(step=0, ts=1.7e9, base=0.0, step_s=1.0)
+    record.calls = [
+        CollectiveCall(
+            op="all_gather", group_size=2, num_bytes=64, start=0.1, end=0.2, blocking=True
+        ),
+        CollectiveCall(op="all_gather", group_size=2, num_bytes=64, start=0.5, end=0.9),
+    ]
+    row, [gather] = record.to_rows(CLOCK)
+    assert row["comm_wait_s"] == pytest.approx(0.1)
+    assert row["comm_s"] == pytest.approx(0.5)
+    assert (gather["count"], gather["bytes"], gather["busy_s"]) == (2, 128, pytest.approx(0.5))
+
+
+def test_sections_sum_repeats_and_unknown_names_become_custom_values() -> None:
+    record = StepRecord(step=0, ts=1.7e9, base=0.0, step_s=1.0)
+    record.sections = {"forward": [(0.0, 0.1), (0.5, 0.6)], "loss_scaling": [(0.2, 0.25)]}
+    row, collectives = record.to_rows(CLOCK)
+    assert row["forward_s"] == pytest.approx(0.2)
+    assert "backward_s" not in row
+    assert "comm_wait_s" not in row
+    assert row["compute_s"] == pytest.approx(1.0)
+    assert record.custom == {"loss_scaling_s": pytest.approx(0.05)}
+    assert collectives == []
+
+
+def test_a_collective_still_in_flight_keeps_the_step_unresolved() -> None:
+    record = StepRecord(step=0, ts=1.7e9, base=0.0)
+    call = CollectiveCall(op="broadcast", group_size=2, num_bytes=8, start=0.1)
+    record.calls = [call]
+    assert not record.is_resolved(CLOCK)
+    call.end = 0.2
+    assert record.is_resolved(CLOCK)
