@@ -10,8 +10,9 @@ large enough:
 3. Clip each value to running median ± `spike_clip_sigmas` sigma; single spikes and short
    bursts (shorter than half the running-median window) stop speaking, level shifts stay.
 4. Split a segment where the standardised mean difference (CUSUM) is largest; test it with
-   a Welch-type statistic whose two-sided normal p-value is Bonferroni-corrected for the
-   split positions scanned. Keep splitting significant segments.
+   a Welch-type statistic (robust segment scales, variance inflated for lag-1
+   autocorrelation) whose two-sided normal p-value is Bonferroni-corrected for the split
+   positions scanned. Keep splitting significant segments.
 5. Repeatedly drop the weakest change point (least significant, or below `min_effect`,
    measured between segment medians) and re-test its neighbours against their new
    neighbouring segments; then re-locate each survivor within its neighbours.
@@ -115,7 +116,8 @@ def detect_change_points(
 
     sigma = _noise_sigma(x)
     y = _clip_spikes(x, sigma, config.spike_window_steps, config.spike_clip_sigmas)
-    seg = _Segmenter(x=x, y=y, sigma=sigma, min_segment=m)
+    inflation = _autocorrelation_inflation(y)
+    seg = _Segmenter(x=x, y=y, sigma=sigma, inflation=inflation, min_segment=m)
 
     cuts = seg.binary_segmentation(config.max_p_value, limit=4 * config.max_change_points)
     cuts = seg.prune(cuts, config)
@@ -179,6 +181,8 @@ class _Segmenter:
     y: Floats
     """The spike-clipped series (for locating and testing)."""
     sigma: float
+    inflation: float
+    """Variance factor of segment means for autocorrelated noise (1 for independent noise)."""
     min_segment: int
     cumsum: Floats | None = None
 
@@ -207,7 +211,8 @@ class _Segmenter:
         left_var = max(self.sigma, _robust_sd(left)) ** 2
         right_var = max(self.sigma, _robust_sd(right)) ** 2
         diff = float(right.mean() - left.mean())
-        statistic = diff / math.sqrt(left_var / left.size + right_var / right.size)
+        variance = self.inflation * (left_var / left.size + right_var / right.size)
+        statistic = diff / math.sqrt(variance)
         positions = max(1, stop - start - 2 * self.min_segment + 1)
         p_value = min(1.0, math.erfc(abs(statistic) / math.sqrt(2.0)) * positions)
         before = float(np.median(self.x[start:cut]))
@@ -260,6 +265,26 @@ class _Segmenter:
 
 def _abs_effect(test: _Test) -> float:
     return abs(test.effect) if math.isfinite(test.effect) else 0.0
+
+
+def _autocorrelation_inflation(y: Floats) -> float:
+    """Variance factor (1 + rho) / (1 - rho) of a segment mean under lag-1 autocorrelation.
+
+    rho comes from the first differences, whose lag-1 correlation is -(1 - rho) / 2 for an
+    AR(1) series: unlike residuals around a segment mean, they do not mistake a level shift
+    elsewhere in the segment for autocorrelation. Differences are clipped at 4 robust sigmas
+    so that the shifts themselves do not weigh.
+    """
+    d = np.diff(y)
+    centre = float(np.median(d))
+    bound = 4.0 * _MAD_TO_SIGMA * float(np.median(np.abs(d - centre)))
+    d = np.clip(d, centre - bound, centre + bound) - centre
+    denominator = float(np.dot(d, d))
+    if d.size < 3 or denominator == 0.0:
+        return 1.0
+    rho = 1.0 + 2.0 * float(np.dot(d[1:], d[:-1])) / denominator
+    rho = min(max(rho, 0.0), 0.95)
+    return (1.0 + rho) / (1.0 - rho)
 
 
 def _robust_sd(v: Floats) -> float:

@@ -80,6 +80,17 @@ def test_pure_noise_gives_nothing(seed: int) -> None:
     assert detect_change_points(noisy(1500, seed=seed), config=CONFIG) == []
 
 
+def test_autocorrelated_noise_gives_nothing() -> None:
+    rng = np.random.default_rng(8)
+    for _ in range(20):
+        shocks = rng.standard_normal(1500)
+        ar1 = np.empty_like(shocks)
+        ar1[0] = shocks[0]
+        for t in range(1, shocks.size):
+            ar1[t] = 0.6 * ar1[t - 1] + 0.8 * shocks[t]
+        assert detect_change_points(100.0 * (1.0 + 0.01 * ar1), config=CONFIG) == []
+
+
 def test_single_spikes_and_short_bursts_give_nothing() -> None:
     for seed in range(10):
         values = noisy(1000, seed=100 + seed)
