@@ -250,7 +250,6 @@ def generate(spec: JobSpec) -> SynthJob:
     step_s = measure + end[None, :]
     comm_wait = step_s - ready
     busy = finish - ready
-    busy += (0.5 * transfer0) * jitter()
     starts = spec.start_ts + np.concatenate(([0.0], np.cumsum(end)[:-1]))
     ts = rng.random(shape, dtype=np.float32) * np.float32(1e-3) + starts[None, :]
 

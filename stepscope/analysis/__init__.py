@@ -1,0 +1,200 @@
+"""Analysis (DESIGN §5): canonical DataFrames in, Findings out. Pure polars and numpy.
+
+`analyze` lays the post-warm-up steps out as (steps × ranks) matrices once and compares
+ranks step by step with robust statistics; no Python loop runs over rows or steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from stepscope.analysis.collectives import (
+    CommEvidence,
+    finish_times,
+    op_grids,
+    slow_collective_findings,
+    transfer_times,
+)
+from stepscope.analysis.config import AnalysisConfig
+from stepscope.analysis.findings import findings_to_frame
+from stepscope.analysis.grid import Grid, Matrix, rank_median
+from stepscope.analysis.jobs import dataloader_findings
+from stepscope.analysis.stragglers import StragglerInput, straggler_findings
+from stepscope.analysis.telemetry import GpuEvidence
+from stepscope.analysis.throughput import mfu_per_step, throughput_findings
+from stepscope.schema import COLLECTIVES, Finding
+
+__all__ = ["AnalysisConfig", "analyze", "findings_to_frame", "mfu_per_step"]
+
+_STEP_COLUMNS = (
+    "job_id",
+    "rank",
+    "step",
+    "ts",
+    "step_s",
+    "data_s",
+    "comm_wait_s",
+    "compute_s",
+    "tokens",
+    "samples",
+    "flops",
+    "node",
+)
+_GPU_COLUMNS = ("rank", "ts", "sm_clock_mhz", "power_w", "temp_c", "throttle_reasons")
+_MAX_REFERENCE_RANKS = 256
+
+Frame = pl.DataFrame | pl.LazyFrame
+
+
+def analyze(
+    steps: Frame,
+    *,
+    collectives: Frame | None = None,
+    gpu: Frame | None = None,
+    ranks: Frame | None = None,
+    job: Mapping[str, Any] | None = None,
+    config: AnalysisConfig | None = None,
+) -> list[Finding]:
+    """All findings about one job: stragglers, data stalls, slow collectives, throughput, MFU.
+
+    Frames use the canonical columns (stepscope.schema); lazy frames are read with only the
+    columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`.
+    """
+    config = config or AnalysisConfig()
+    steps_df = _select(steps, _STEP_COLUMNS)
+    if steps_df.is_empty():
+        return []
+    job_id = _job_id(steps_df, job)
+    findings = throughput_findings(
+        steps_df, job=job, config=config.change_points, mfu_low_below=config.mfu_low_below
+    )
+
+    grid = Grid.of(steps_df["rank"].to_numpy(), steps_df["step"].to_numpy())
+    start = int(np.searchsorted(grid.steps, grid.steps[0] + config.warmup_steps))
+    if grid.steps.size - start < config.window_steps:
+        return _stamped(findings)
+
+    def matrix(column: str) -> Matrix | None:
+        if column not in steps_df.columns or steps_df[column].null_count() == steps_df.height:
+            return None
+        return grid.matrix(steps_df[column].to_numpy())[start:]
+
+    step_s = matrix("step_s")
+    data_s = matrix("data_s")
+    if step_s is None or data_s is None:
+        raise ValueError("steps need step_s and data_s (stepscope.schema.STEPS)")
+    comm_wait_s = matrix("comm_wait_s")
+    derived = step_s - data_s - (comm_wait_s if comm_wait_s is not None else 0.0)
+    compute_s = matrix("compute_s")
+    compute_s = derived if compute_s is None else np.where(np.isnan(compute_s), derived, compute_s)
+    stride = max(1, grid.ranks.size // _MAX_REFERENCE_RANKS)
+    reference_step_s = rank_median(step_s[:, ::stride])
+    post_steps = grid.steps[start:]
+    data_median_s = rank_median(data_s)
+
+    channels = {"compute": compute_s, "data": data_s}
+    ops = []
+    if collectives is not None:
+        collectives_df = _select(collectives, COLLECTIVES.names)
+        if not collectives_df.is_empty():
+            ops = op_grids(collectives_df, grid, start)
+    if ops:
+        ready_s = None if comm_wait_s is None else step_s - comm_wait_s
+        channels["communication"] = finish_times(ops, ready_s)
+        findings += slow_collective_findings(job_id, ops, post_steps, config)
+
+    gpu_df = _select(gpu, _GPU_COLUMNS) if gpu is not None else None
+    stragglers = straggler_findings(
+        StragglerInput(
+            job_id=job_id,
+            ranks=grid.ranks,
+            steps=post_steps,
+            step_s=step_s,
+            reference_step_s=reference_step_s,
+            channels=channels,
+            medians={"data": data_median_s},
+            comm_wait_s=comm_wait_s,
+            transfer_s=transfer_times(ops) if ops else None,
+            compute_includes_wait=comm_wait_s is None,
+            nodes=_Nodes(steps_df, ranks),
+            gpu_evidence=None
+            if gpu_df is None or gpu_df.is_empty()
+            else GpuEvidence(gpu_df, steps_df, config),
+            comm_evidence=CommEvidence(ops, post_steps, grid.ranks) if ops else None,
+        ),
+        config,
+    )
+    findings += stragglers
+    findings += dataloader_findings(
+        job_id=job_id,
+        ranks=grid.ranks,
+        steps=post_steps,
+        data_s=data_s,
+        data_median_s=data_median_s,
+        reference_step_s=reference_step_s,
+        data_straggler_ranks={r for f in stragglers if f.cause == "data" for r in f.ranks},
+        config=config,
+    )
+    return _stamped(findings)
+
+
+def _select(frame: Frame, names: tuple[str, ...]) -> pl.DataFrame:
+    schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+    selected = frame.select(c for c in names if c in schema)
+    return selected.collect() if isinstance(selected, pl.LazyFrame) else selected
+
+
+def _job_id(steps: pl.DataFrame, job: Mapping[str, Any] | None) -> str:
+    if "job_id" in steps.columns:
+        first = steps["job_id"][0]
+        if (steps["job_id"] != first).any():
+            raise ValueError("steps hold more than one job_id: analyse one job at a time")
+        return str(first)
+    if job and job.get("job_id"):
+        return str(job["job_id"])
+    raise ValueError("no job_id: give steps a job_id column or pass job={'job_id': ...}")
+
+
+def _stamped(findings: list[Finding]) -> list[Finding]:
+    now = time.time()
+    for f in findings:
+        f.detected_at = now
+    return findings
+
+
+class _Nodes(Mapping[int, str]):
+    """rank -> node, read from `ranks` or the steps' node column only when first needed."""
+
+    def __init__(self, steps: pl.DataFrame, ranks: Frame | None) -> None:
+        self._steps = steps
+        self._ranks = ranks
+        self._map: dict[int, str] | None = None
+
+    def _load(self) -> dict[int, str]:
+        if self._map is None:
+            self._map = {}
+            frame: pl.DataFrame
+            if self._ranks is not None:
+                frame = _select(self._ranks, ("rank", "node"))
+            elif "node" in self._steps.columns:
+                frame = self._steps.group_by("rank").agg(pl.col("node").drop_nulls().first())
+            else:
+                frame = pl.DataFrame()
+            if "node" in frame.columns:
+                frame = frame.drop_nulls("node")
+                self._map = dict(zip(frame["rank"].to_list(), frame["node"].to_list(), strict=True))
+        return self._map
+
+    def __getitem__(self, rank: int) -> str:
+        return self._load()[rank]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())

@@ -1,0 +1,178 @@
+"""Collectives on the (steps × ranks) grid: per-rank finish times, and slow_collective.
+
+A collective cannot complete before its last rank arrives, so the smallest busy time over
+ranks for a (step, op) is the best estimate of the transfer itself; busbw follows the
+nccl-tests conventions (stepscope.schema.busbw_factor).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+from numpy.typing import NDArray
+
+from stepscope.analysis.config import AnalysisConfig
+from stepscope.analysis.grid import Grid, Ints, Matrix, nanmedian
+from stepscope.analysis.runs import offset, onset, runs
+from stepscope.schema import Finding, busbw_factor
+
+_MAX_BYTES_RANKS = 64
+
+
+@dataclass(kw_only=True, slots=True)
+class OpGrid:
+    """One collective op over the grid: busy time per (step, rank), payload per step."""
+
+    op: str
+    group_size: int
+    busy_s: Matrix
+    bytes: NDArray[np.float32]
+    """Payload per rank per step (median over ranks)."""
+    count: NDArray[np.float32]
+    """Calls per step (median over ranks)."""
+
+    @property
+    def factor(self) -> float:
+        return busbw_factor(self.op, self.group_size)
+
+
+def op_grids(collectives: pl.DataFrame, grid: Grid, start: int) -> list[OpGrid]:
+    """Each op of `collectives` placed on `grid`, keeping step rows from `start`."""
+    ops = collectives["op"].unique().sort().to_list()
+    out = []
+    for op in ops:
+        rows = collectives if len(ops) == 1 else collectives.filter(pl.col("op") == op)
+        placed, keep = grid.placed(rows["rank"].to_numpy(), rows["step"].to_numpy())
+        stride = max(1, grid.ranks.size // _MAX_BYTES_RANKS)
+
+        def per_step(column: str) -> NDArray[np.float32]:
+            m = placed.matrix(rows[column].to_numpy(), keep)[start:, ::stride]  # noqa: B023
+            return np.asarray(np.nanmedian(m, axis=1), dtype=np.float32)
+
+        group_size = int(rows["group_size"].max() or 0)  # type: ignore[arg-type]
+        out.append(
+            OpGrid(
+                op=op,
+                group_size=group_size,
+                busy_s=placed.matrix(rows["busy_s"].to_numpy(), keep)[start:],
+                bytes=per_step("bytes"),
+                count=per_step("count"),
+            )
+        )
+    return out
+
+
+def finish_times(ops: list[OpGrid], ready_s: Matrix | None) -> Matrix:
+    """When each rank's collectives of the step were done: ready time + busy time."""
+    total = np.zeros_like(ops[0].busy_s)
+    seen = np.zeros(total.shape, dtype=bool)
+    for g in ops:
+        present = ~np.isnan(g.busy_s)
+        np.add(total, g.busy_s, out=total, where=present)
+        seen |= present
+    total[~seen] = np.nan
+    return total if ready_s is None else total + ready_s
+
+
+def transfer_times(ops: list[OpGrid]) -> NDArray[np.float32]:
+    """Per step, the smallest busy time over ranks (the transfer itself), summed over ops."""
+    total = np.zeros(ops[0].busy_s.shape[0], dtype=np.float32)
+    for g in ops:
+        busy = np.where(np.isnan(g.busy_s), np.inf, g.busy_s).min(axis=1)
+        total += np.where(np.isfinite(busy), busy, 0.0).astype(np.float32)
+    return total
+
+
+class CommEvidence:
+    """Per-op busy time and busbw of one rank over a range of steps, next to its peers'."""
+
+    def __init__(self, ops: list[OpGrid], steps: Ints, ranks: Ints) -> None:
+        self._ops = ops
+        self._steps = steps
+        self._ranks = ranks
+
+    def __call__(self, rank: int, first_step: int, last_step: int) -> dict[str, Any]:
+        r = int(np.searchsorted(self._ranks, rank))
+        a, b = np.searchsorted(self._steps, [first_step, last_step + 1])
+        out: dict[str, Any] = {}
+        for g in self._ops:
+            busy = g.busy_s[a:b]
+            mine = nanmedian(busy[:, r])
+            peers = nanmedian(np.delete(busy, r, axis=1)[:, :: max(1, busy.shape[1] // 256)])
+            payload = nanmedian(g.bytes[a:b])
+            entry: dict[str, float] = {"rank_busy_s": mine, "peers_busy_s": peers}
+            if g.factor > 0 and mine > 0 and peers > 0:
+                entry["rank_busbw_bps"] = payload * g.factor / mine
+                entry["peers_busbw_bps"] = payload * g.factor / peers
+            out[g.op] = entry
+        return out
+
+
+def slow_collective_findings(
+    job_id: str, ops: list[OpGrid], steps: Ints, config: AnalysisConfig
+) -> list[Finding]:
+    """Steps where an op's busbw (per message size) fell far below its norm or expectation."""
+    findings = []
+    expected_bps = config.expected_busbw_bps or {}
+    window = config.window_steps
+    for g in ops:
+        if g.factor == 0:
+            continue
+        with np.errstate(all="ignore"):
+            transfer_s = np.nanmin(np.where(np.isnan(g.busy_s), np.inf, g.busy_s), axis=1)
+            busbw = g.bytes.astype(np.float64) * g.factor / transfer_s
+            size_log2 = np.floor(np.log2(g.bytes / np.maximum(g.count, 1.0)))
+        valid = np.isfinite(busbw) & (busbw > 0) & np.isfinite(size_log2)
+        for size in np.unique(size_log2[valid]):
+            positions = np.flatnonzero(valid & (size_log2 == size))
+            if positions.size < 2 * window:
+                continue
+            series = busbw[positions]
+            usable = series.size // window * window
+            window_medians = np.median(series[:usable].reshape(-1, window), axis=1)
+            norm = expected_bps.get(g.op)
+            source = "expected" if norm is not None else "job_p90"
+            if norm is None:
+                norm = float(np.quantile(window_medians, 0.9))
+            limit = (1.0 - config.busbw_drop) * norm
+            slow_windows = window_medians < limit
+            flags = series < limit
+            for w0, w1 in runs(slow_windows):
+                lo = onset(flags, max(0, (w0 - 1) * window), (w0 + 1) * window - 1, 0.5)
+                end = (w1 + 1) * window - 1
+                ongoing = w1 == slow_windows.size - 1
+                hi = (
+                    series.size - 1
+                    if ongoing
+                    else offset(flags, lo, min(end + window, usable - 1), 0.5)
+                )
+                observed = float(np.median(series[lo : hi + 1]))
+                effect = observed / norm - 1.0
+                message_bytes = 2 ** int(size)
+                findings.append(
+                    Finding(
+                        job_id=job_id,
+                        kind="slow_collective",
+                        severity="critical" if effect <= -0.5 else "warning",
+                        first_step=int(steps[positions[lo]]),
+                        last_step=None if ongoing else int(steps[positions[hi]]),
+                        metric=f"{g.op}.busbw_bps",
+                        expected=norm,
+                        observed=observed,
+                        effect=effect,
+                        cause="communication",
+                        evidence={
+                            "op": g.op,
+                            "group_size": g.group_size,
+                            "message_bytes_log2": int(size),
+                            "message_bytes_at_least": message_bytes,
+                            "norm": source,
+                            "steps": int(hi - lo + 1),
+                        },
+                    )
+                )
+    return [f for f in findings if math.isfinite(f.effect or 0.0)]
