@@ -312,7 +312,7 @@ class ActiveProfiler(Profiler):
         if not self.shipper.close(final_job=final_job):
             log.warning(
                 "stepscope: %s records not acknowledged at close (collector unreachable?)",
-                "some" if self.shipper.stats.num_rows_sent else "all",
+                "some" if sum(self.shipper.stats.num_rows_sent.values()) else "all",
             )
 
     def __exit__(
