@@ -36,7 +36,9 @@ def ingest_body(
 ) -> dict[str, Any]:
     """Decode, validate and store one batch; the response document."""
     batch = parse_batch(decode_body(body, content_encoding=content_encoding, max_bytes=max_bytes))
-    result = writer.write(job=batch.job, source=batch.source, seq=batch.seq, frames=batch.frames)
+    result = writer.write(
+        job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections
+    )
     return {"accepted": result.accepted, "duplicate": result.duplicate}
 
 

@@ -8,9 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from stepscope.store import tables
 from stepscope.store.engine import is_sqlite
@@ -31,16 +29,18 @@ def _pg_type(column: sa.Column[Any]) -> str:
     return "text"  # JSON travels as text and is cast on insert
 
 
-def insert_ignoring_duplicates(conn: sa.Connection, table: sa.Table, frame: pl.DataFrame) -> None:
-    """Insert all rows of `frame`; rows whose natural key is already stored are skipped."""
-    columns = [c for c in table.columns if c.name in frame.columns]
+def insert_ignoring_duplicates(
+    conn: sa.Connection, table: sa.Table, values: dict[str, list[Any]]
+) -> None:
+    """Insert rows given as columns; rows whose natural key is already stored are skipped."""
+    columns = [c for c in table.columns if c.name in values]
     names = [c.name for c in columns]
-    frame = frame.select(names)
+    rows = list(zip(*(values[n] for n in names), strict=True))
     quoted = ", ".join(f'"{n}"' for n in names)
     if conn.dialect.name == "sqlite":
         placeholders = ", ".join("?" for _ in names)
         conn.exec_driver_sql(
-            f'INSERT OR IGNORE INTO "{table.name}" ({quoted}) VALUES ({placeholders})', frame.rows()
+            f'INSERT OR IGNORE INTO "{table.name}" ({quoted}) VALUES ({placeholders})', rows
         )
         return
     stage = f"_stage_{table.name}"
@@ -57,12 +57,49 @@ def insert_ignoring_duplicates(conn: sa.Connection, table: sa.Table, frame: pl.D
         )
         with cur.copy(f"COPY {stage} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(types)
-            for row in frame.iter_rows():
+            for row in rows:
                 copy.write_row(row)
         cur.execute(
             f'INSERT INTO "{table.name}" ({quoted}) '
             f"SELECT {casts} FROM {stage} ON CONFLICT DO NOTHING"
         )
+
+
+_MUTABLE_JOB_COLUMNS = (
+    "name",
+    "benchmark_key",
+    "world_size",
+    "device_name",
+    "peak_flops",
+    "ended_at",
+    "attributes",
+)
+
+# Plain SQL that SQLite (>= 3.24) and PostgreSQL both accept; built once, executed per batch.
+_CLAIM_BATCH = sa.text(
+    "INSERT INTO ingest_batches (job_id, rank, incarnation, seq, received_at, num_steps, "
+    "num_collectives, num_gpu, num_events) VALUES (:job_id, :rank, :incarnation, :seq, :now, "
+    ":steps, :collectives, :gpu, :events) ON CONFLICT DO NOTHING RETURNING seq"
+)
+_STORED_COUNTS = sa.text(
+    "SELECT num_steps, num_collectives, num_gpu, num_events FROM ingest_batches "
+    "WHERE job_id = :job_id AND rank = :rank AND incarnation = :incarnation AND seq = :seq"
+)
+_UPSERT_JOB = sa.text(
+    "INSERT INTO jobs (job_id, status, started_at, "
+    + ", ".join(_MUTABLE_JOB_COLUMNS)
+    + ") VALUES (:job_id, COALESCE(:status, 'running'), :started_at, "
+    + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
+    + ") ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
+    + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
+).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+_UPSERT_RANK = sa.text(
+    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, first_seen, last_seen) "
+    "VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :now, :now) "
+    "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
+    "node = excluded.node, pid = excluded.pid, incarnation = excluded.incarnation, "
+    "last_seen = excluded.last_seen"
+)
 
 
 class BatchWriter:
@@ -74,7 +111,6 @@ class BatchWriter:
         self._write_lock: AbstractContextManager[Any] = (
             threading.Lock() if is_sqlite(engine) else nullcontext()
         )
-        self._insert = sqlite.insert if is_sqlite(engine) else postgresql.insert
 
     def write(
         self,
@@ -82,84 +118,46 @@ class BatchWriter:
         job: dict[str, Any],
         source: dict[str, Any],
         seq: int,
-        frames: dict[str, pl.DataFrame],
+        sections: dict[str, dict[str, list[Any]]],
     ) -> WriteResult:
         """Store a whole batch in one transaction, or nothing if its key was already stored."""
         counts = {
-            name: frames[name].height if name in frames else 0 for name in tables.RECORD_TABLES
+            name: len(sections[name]["rank"]) if name in sections else 0
+            for name in tables.RECORD_TABLES
         }
         now = time.time()
         key = {
             "job_id": job["job_id"],
             "rank": source["rank"],
             "incarnation": source["incarnation"],
+            "seq": seq,
         }
+        started_at = min(sections["steps"]["ts"]) if "steps" in sections else None
         with self._write_lock, self.engine.begin() as conn:
-            claimed = conn.execute(
-                self._insert(tables.IngestBatch.__table__)
-                .values(
-                    **key,
-                    seq=seq,
-                    received_at=now,
-                    num_steps=counts["steps"],
-                    num_collectives=counts["collectives"],
-                    num_gpu=counts["gpu"],
-                    num_events=counts["events"],
-                )
-                .on_conflict_do_nothing()
-                .returning(tables.IngestBatch.seq)
-            ).first()
-            if claimed is None:
-                return WriteResult(accepted=self._stored_counts(conn, key, seq), duplicate=True)
-            self._upsert_job(conn, job, frames, now)
-            self._upsert_rank(conn, job["job_id"], source, now)
-            for name, frame in frames.items():
-                insert_ignoring_duplicates(conn, tables.RECORD_TABLES[name], frame)
+            if conn.execute(_CLAIM_BATCH, {**key, **counts, "now": now}).first() is None:
+                stored = conn.execute(_STORED_COUNTS, key).one()
+                return WriteResult(accepted=dict(zip(counts, stored, strict=True)), duplicate=True)
+            conn.execute(
+                _UPSERT_JOB,
+                {
+                    "job_id": job["job_id"],
+                    "status": job.get("status"),
+                    "started_at": job.get("started_at") or started_at or now,
+                    **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
+                },
+            )
+            conn.execute(
+                _UPSERT_RANK,
+                {
+                    "job_id": job["job_id"],
+                    "rank": source["rank"],
+                    "local_rank": source.get("local_rank"),
+                    "node": source.get("node"),
+                    "pid": source.get("pid"),
+                    "incarnation": source["incarnation"],
+                    "now": now,
+                },
+            )
+            for name, values in sections.items():
+                insert_ignoring_duplicates(conn, tables.RECORD_TABLES[name], values)
         return WriteResult(accepted=counts, duplicate=False)
-
-    def _stored_counts(self, conn: sa.Connection, key: dict[str, Any], seq: int) -> dict[str, int]:
-        t = tables.IngestBatch
-        row = conn.execute(
-            sa.select(t.num_steps, t.num_collectives, t.num_gpu, t.num_events).where(
-                t.job_id == key["job_id"],
-                t.rank == key["rank"],
-                t.incarnation == key["incarnation"],
-                t.seq == seq,
-            )
-        ).one()
-        return dict(zip(tables.RECORD_TABLES, row, strict=True))
-
-    def _upsert_job(
-        self, conn: sa.Connection, job: dict[str, Any], frames: dict[str, pl.DataFrame], now: float
-    ) -> None:
-        given = {k: v for k, v in job.items() if v is not None}
-        started_at = frames["steps"]["ts"].min() if "steps" in frames else None
-        insert = self._insert(tables.jobs).values(
-            status="running", **given, started_at=given.get("started_at", started_at or now)
-        )
-        updates = {k: insert.excluded[k] for k in given if k not in ("job_id", "started_at")}
-        conn.execute(
-            insert.on_conflict_do_update(index_elements=["job_id"], set_=updates)
-            if updates
-            else insert.on_conflict_do_nothing()
-        )
-
-    def _upsert_rank(
-        self, conn: sa.Connection, job_id: str, source: dict[str, Any], now: float
-    ) -> None:
-        insert = self._insert(tables.ranks).values(
-            job_id=job_id,
-            rank=source["rank"],
-            local_rank=source.get("local_rank"),
-            node=source.get("node"),
-            pid=source.get("pid"),
-            incarnation=source["incarnation"],
-            first_seen=now,
-            last_seen=now,
-        )
-        changed = ("local_rank", "node", "pid", "incarnation", "last_seen")
-        conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=["job_id", "rank"], set_={k: insert.excluded[k] for k in changed}
-            )
-        )
