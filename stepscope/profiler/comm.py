@@ -70,16 +70,20 @@ def make_ddp_hook(
 ) -> Callable[..., Any]:
     """A DDP comm hook doing what the default all-reduce hook does, timing each bucket."""
 
+    sizes: dict[int, int] = {}
+
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         tensor = bucket.buffer()
         group = process_group if process_group is not None else dist.group.WORLD
-        size = group_size_of(group)
+        size = sizes.get(id(group))
+        if size is None:
+            size = sizes[id(group)] = group_size_of(group)
         call: CollectiveCall | None = None
         try:
             call = CollectiveCall(
                 op="all_reduce",
                 group_size=size,
-                num_bytes=tensor_bytes(tensor),
+                num_bytes=tensor.numel() * tensor.element_size(),
                 start=clock.mark(),
                 ddp_bucket=True,
             )
