@@ -45,6 +45,7 @@ _STEP_COLUMNS = (
     "flops",
     "node",
 )
+_NUMERIC_STEP_COLUMNS = tuple(c for c in _STEP_COLUMNS if c not in ("job_id", "node"))
 _GPU_COLUMNS = ("rank", "ts", "sm_clock_mhz", "power_w", "temp_c", "throttle_reasons")
 _MAX_REFERENCE_RANKS = 256
 
@@ -66,12 +67,19 @@ def analyze(
     columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`.
     """
     config = config or AnalysisConfig()
-    steps_df = _select(steps, _STEP_COLUMNS)
+    job_id = _job_id(steps, job)
+    # Strings are the costliest columns to read: a lazy frame's job_id and node are queried
+    # on their own, when needed.
+    wanted = _STEP_COLUMNS if isinstance(steps, pl.DataFrame) else _NUMERIC_STEP_COLUMNS
+    steps_df = _select(steps, wanted)
     if steps_df.is_empty():
         return []
-    job_id = _job_id(steps_df, job)
+    # job_id is checked above: a constant column spares throughput its own check.
     findings = throughput_findings(
-        steps_df, job=job, config=config.change_points, mfu_low_below=config.mfu_low_below
+        steps_df.with_columns(pl.lit(job_id, dtype=pl.String).alias("job_id")),
+        job={**(job or {}), "job_id": job_id},
+        config=config.change_points,
+        mfu_low_below=config.mfu_low_below,
     )
 
     grid = Grid.of(steps_df["rank"].to_numpy(), steps_df["step"].to_numpy())
@@ -100,15 +108,19 @@ def analyze(
     channels = {"compute": compute_s, "data": data_s}
     ops = []
     if collectives is not None:
-        collectives_df = _select(collectives, COLLECTIVES.names)
+        collectives_df = _select(collectives, tuple(c for c in COLLECTIVES.names if c != "job_id"))
         if not collectives_df.is_empty():
             ops = op_grids(collectives_df, grid, start)
+        del collectives_df
     if ops:
         ready_s = None if comm_wait_s is None else step_s - comm_wait_s
         channels["communication"] = finish_times(ops, ready_s)
         findings += slow_collective_findings(job_id, ops, post_steps, config)
 
     gpu_df = _select(gpu, _GPU_COLUMNS) if gpu is not None else None
+    gpu_evidence = None
+    if gpu_df is not None and not gpu_df.is_empty() and "ts" in steps_df.columns:
+        gpu_evidence = GpuEvidence(gpu_df, _StepTimes(steps_df, grid), config)
     stragglers = straggler_findings(
         StragglerInput(
             job_id=job_id,
@@ -121,10 +133,8 @@ def analyze(
             comm_wait_s=comm_wait_s,
             transfer_s=transfer_times(ops) if ops else None,
             compute_includes_wait=comm_wait_s is None,
-            nodes=_Nodes(steps_df, ranks),
-            gpu_evidence=None
-            if gpu_df is None or gpu_df.is_empty()
-            else GpuEvidence(gpu_df, steps_df, config),
+            nodes=_Nodes(steps, ranks),
+            gpu_evidence=gpu_evidence,
             comm_evidence=CommEvidence(ops, post_steps, grid.ranks) if ops else None,
         ),
         config,
@@ -143,18 +153,31 @@ def analyze(
     return _stamped(findings)
 
 
+def _schema(frame: Frame) -> pl.Schema:
+    return frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+
+
 def _select(frame: Frame, names: tuple[str, ...]) -> pl.DataFrame:
-    schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+    schema = _schema(frame)
     selected = frame.select(c for c in names if c in schema)
     return selected.collect() if isinstance(selected, pl.LazyFrame) else selected
 
 
-def _job_id(steps: pl.DataFrame, job: Mapping[str, Any] | None) -> str:
-    if "job_id" in steps.columns:
-        first = steps["job_id"][0]
-        if (steps["job_id"] != first).any():
+def _job_id(steps: Frame, job: Mapping[str, Any] | None) -> str:
+    if "job_id" in _schema(steps):
+        job_ids = pl.col("job_id").drop_nulls()
+        first, mixed = (
+            steps.select(
+                job_ids.first().alias("first"), (job_ids != job_ids.first()).any().alias("mixed")
+            )
+            .lazy()
+            .collect()
+            .row(0)
+        )
+        if mixed:
             raise ValueError("steps hold more than one job_id: analyse one job at a time")
-        return str(first)
+        if first is not None:
+            return str(first)
     if job and job.get("job_id"):
         return str(job["job_id"])
     raise ValueError("no job_id: give steps a job_id column or pass job={'job_id': ...}")
@@ -167,10 +190,37 @@ def _stamped(findings: list[Finding]) -> list[Finding]:
     return findings
 
 
+class _StepTimes:
+    """(rank, first_step, last_step) -> wall-clock span of those steps on that rank."""
+
+    def __init__(self, steps: pl.DataFrame, grid: Grid) -> None:
+        self._steps = steps
+        self._grid = grid
+
+    def __call__(self, window: tuple[int, int, int]) -> tuple[float, float] | None:
+        rank, first_step, last_step = window
+        grid = self._grid
+        r = int(np.searchsorted(grid.ranks, rank))
+        a, b = (int(i) for i in np.searchsorted(grid.steps, [first_step, last_step]))
+        first_row, last_row = grid.row_of(r, a), grid.row_of(r, b)
+        if first_row is not None and last_row is not None:
+            t0 = self._steps["ts"][first_row]
+            t1 = self._steps["ts"][last_row] + self._steps["step_s"][last_row]
+        else:
+            t0, t1 = (
+                self._steps.filter(
+                    (pl.col("rank") == rank) & pl.col("step").is_between(first_step, last_step)
+                )
+                .select(pl.col("ts").min(), (pl.col("ts") + pl.col("step_s")).max())
+                .row(0)
+            )
+        return None if t0 is None or t1 is None else (float(t0), float(t1))
+
+
 class _Nodes(Mapping[int, str]):
     """rank -> node, read from `ranks` or the steps' node column only when first needed."""
 
-    def __init__(self, steps: pl.DataFrame, ranks: Frame | None) -> None:
+    def __init__(self, steps: Frame, ranks: Frame | None) -> None:
         self._steps = steps
         self._ranks = ranks
         self._map: dict[int, str] | None = None
@@ -181,8 +231,13 @@ class _Nodes(Mapping[int, str]):
             frame: pl.DataFrame
             if self._ranks is not None:
                 frame = _select(self._ranks, ("rank", "node"))
-            elif "node" in self._steps.columns:
-                frame = self._steps.group_by("rank").agg(pl.col("node").drop_nulls().first())
+            elif "node" in _schema(self._steps):
+                frame = (
+                    self._steps.lazy()
+                    .group_by("rank")
+                    .agg(pl.col("node").drop_nulls().first())
+                    .collect()
+                )
             else:
                 frame = pl.DataFrame()
             if "node" in frame.columns:

@@ -37,21 +37,43 @@ class Grid:
 
     def placed(self, rank: Ints, step: Ints) -> tuple[Grid, NDArray[np.bool_] | None]:
         """A grid with the same axes for other rows, and which rows fall inside it (None: all)."""
+        grid = Grid(ranks=self.ranks, steps=self.steps, flat=None)
+        num_ranks, num_steps = self.ranks.size, self.steps.size
+        if rank.size == num_ranks * num_steps:
+            # The usual layouts, checked in two passes: complete and ordered by (rank, step)
+            # or by (step, rank).
+            by_rank = rank.reshape(num_ranks, num_steps)
+            if np.array_equal(by_rank[:, 0], self.ranks) and np.array_equal(
+                step[:num_steps], self.steps
+            ):
+                if (by_rank == self.ranks[:, None]).all() and (
+                    step.reshape(num_ranks, num_steps) == self.steps[None, :]
+                ).all():
+                    grid.transposed = True
+                    return grid, None
+            by_step = step.reshape(num_steps, num_ranks)
+            if np.array_equal(by_step[:, 0], self.steps) and np.array_equal(
+                rank[:num_ranks], self.ranks
+            ):
+                if (by_step == self.steps[:, None]).all() and (
+                    rank.reshape(num_steps, num_ranks) == self.ranks[None, :]
+                ).all():
+                    return grid, None
         ri, r_ok = _positions(rank, self.ranks)
         si, s_ok = _positions(step, self.steps)
         keep = None if r_ok is None and s_ok is None else _and(r_ok, s_ok)
         if keep is not None:
             ri, si = ri[keep], si[keep]
-        num_ranks, num_steps = self.ranks.size, self.steps.size
-        complete = keep is None and ri.size == num_ranks * num_steps
-        grid = Grid(ranks=self.ranks, steps=self.steps, flat=None)
-        if complete and _is_arange(si * num_ranks + ri):
-            return grid, keep
-        if complete and _is_arange(ri * num_steps + si):
-            grid.transposed = True
-            return grid, keep
         grid.flat = si * num_ranks + ri
         return grid, keep
+
+    def row_of(self, rank_index: int, step_index: int) -> int | None:
+        """Input row of a (rank, step) position when the rows are in grid order, else None."""
+        if self.flat is not None:
+            return None
+        if self.transposed:
+            return rank_index * self.steps.size + step_index
+        return step_index * self.ranks.size + rank_index
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -97,10 +119,6 @@ def _and(a: NDArray[np.bool_] | None, b: NDArray[np.bool_] | None) -> NDArray[np
     return a if b is None else a & b
 
 
-def _is_arange(flat: Ints) -> bool:
-    return bool(flat[0] == 0 and np.all(np.diff(flat) == 1))
-
-
 def rank_median(x: Matrix) -> NDArray[np.float32]:
     """Per step (row): the lower median over ranks, ignoring NaN."""
     num_ranks = x.shape[1]
@@ -116,6 +134,11 @@ def nanmedian(values: NDArray[np.floating]) -> float:
     """Median ignoring NaN; NaN when there is nothing to take it of."""
     finite = values[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else float("nan")
+
+
+def column_sample(x: Matrix, limit: int = 256) -> Matrix:
+    """At most `limit` evenly spaced rank columns of `x` (enough for a robust median)."""
+    return x[:, :: max(1, x.shape[1] // limit)]
 
 
 def robust_sigma(residuals: Matrix) -> float:

@@ -25,7 +25,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.grid import Ints, Matrix, nanmedian, rank_median, robust_sigma
+from stepscope.analysis.grid import (
+    Ints,
+    Matrix,
+    column_sample,
+    nanmedian,
+    rank_median,
+    robust_sigma,
+)
 from stepscope.analysis.runs import offset, onset, runs
 from stepscope.schema import Finding
 
@@ -37,6 +44,8 @@ CHANNEL_METRIC = {
 
 Evidence = Callable[[int, int, int], dict[str, Any]]
 """(rank, first_step, last_step) -> evidence about that rank over those steps."""
+BatchEvidence = Callable[[list[tuple[int, int, int]]], list[dict[str, Any]]]
+"""The same for several (rank, first_step, last_step) at once."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,7 +84,7 @@ class StragglerInput:
     medians: dict[str, NDArray[np.float32]] = field(default_factory=dict)
     """Per-step medians over ranks already computed, by channel."""
     nodes: Mapping[int, str] = field(default_factory=dict)
-    gpu_evidence: Evidence | None = None
+    gpu_evidence: BatchEvidence | None = None
     comm_evidence: Evidence | None = None
 
 
@@ -99,14 +108,13 @@ def channel_episodes(
     threshold = np.maximum(config.min_effect * reference_step_s, config.noise_floor_sigmas * sigma)
     with np.errstate(invalid="ignore"):
         slow = residual > threshold[:, None]
-    counts = np.cumsum(slow, axis=0, dtype=np.int32)
-    counts[window:] -= counts[:-window].copy()
-    confirmed_any = np.flatnonzero(counts.max(axis=0) >= need)
 
     episodes = []
-    for r in confirmed_any:
+    for r in _candidates(slow, window, need):
         flags = slow[:, r]
-        for c0, c1 in runs(counts[:, r] >= need, merge_gap=window):
+        counts = np.cumsum(flags, dtype=np.int32)
+        counts[window:] -= counts[:-window].copy()
+        for c0, c1 in runs(counts >= need, merge_gap=window):
             first = onset(flags, max(0, c0 - window + 1), c0, config.persistence)
             ongoing = c1 == num_steps - 1
             last = num_steps - 1 if ongoing else offset(flags, first, c1, config.persistence)
@@ -128,6 +136,21 @@ def channel_episodes(
     return episodes
 
 
+def _candidates(slow: NDArray[np.bool_], window: int, need: int) -> list[int]:
+    """Ranks that may have `need` slow steps in some window (exact check left to the caller).
+
+    Any `window` consecutive steps lie within two adjacent blocks of `window` steps, so a
+    rank whose adjacent block pairs all hold fewer than `need` slow steps cannot qualify.
+    """
+    num_steps, num_ranks = slow.shape
+    blocks = -(-num_steps // window)
+    padded = np.zeros((blocks * window, num_ranks), dtype=np.uint8)
+    padded[:num_steps] = slow
+    per_block = padded.reshape(blocks, window, num_ranks).sum(axis=1, dtype=np.int32)
+    pairs = per_block[:-1] + per_block[1:] if blocks > 1 else per_block
+    return np.flatnonzero(pairs.max(axis=0) >= need).tolist()
+
+
 def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Finding]:
     """straggler_rank / gpu_throttling findings, and straggler_node where most of a node is slow."""
     episodes = [
@@ -137,7 +160,18 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
             channel, x, data.reference_step_s, config, data.medians.get(channel)
         )
     ]
-    findings = [f for group in _by_rank_overlap(episodes) if (f := _finding(group, data, config))]
+    groups = _by_rank_overlap(episodes)
+    gpu: list[dict[str, Any] | None] = [None] * len(groups)
+    if data.gpu_evidence is not None:
+        asked = [i for i, g in enumerate(groups) if _main(g).channel == "compute"]
+        answers = data.gpu_evidence([_window(groups[i], data) for i in asked])
+        for i, answer in zip(asked, answers, strict=True):
+            gpu[i] = answer
+    findings = [
+        f
+        for group, evidence in zip(groups, gpu, strict=True)
+        if (f := _finding(group, evidence, data, config))
+    ]
     return _node_findings(findings, data, config)
 
 
@@ -153,7 +187,22 @@ def _by_rank_overlap(episodes: list[Episode]) -> list[list[Episode]]:
     return groups
 
 
-def _finding(group: list[Episode], data: StragglerInput, config: AnalysisConfig) -> Finding | None:
+def _main(group: list[Episode]) -> Episode:
+    return max(group, key=lambda e: e.excess_s)
+
+
+def _window(group: list[Episode], data: StragglerInput) -> tuple[int, int, int]:
+    rank = int(data.ranks[group[0].rank_index])
+    return (
+        rank,
+        int(data.steps[min(e.first for e in group)]),
+        int(data.steps[max(e.last for e in group)]),
+    )
+
+
+def _finding(
+    group: list[Episode], gpu: dict[str, Any] | None, data: StragglerInput, config: AnalysisConfig
+) -> Finding | None:
     r = group[0].rank_index
     rank = int(data.ranks[r])
     first = min(e.first for e in group)
@@ -162,7 +211,7 @@ def _finding(group: list[Episode], data: StragglerInput, config: AnalysisConfig)
     per_channel: dict[str, float] = {}
     for e in group:
         per_channel[e.channel] = max(per_channel.get(e.channel, 0.0), e.excess_s)
-    main = max(group, key=lambda e: e.excess_s)
+    main = _main(group)
     excess_s = sum(v for v in per_channel.values() if v > 0)
     span = slice(first, last + 1)
     expected, synchronous = _typical_step_s(data, span, r, excess_s)
@@ -189,19 +238,17 @@ def _finding(group: list[Episode], data: StragglerInput, config: AnalysisConfig)
     if data.comm_wait_s is not None:
         evidence["comm_wait_s"] = {
             "rank": nanmedian(data.comm_wait_s[span, r]),
-            "peers": nanmedian(rank_median(data.comm_wait_s[span])),
+            "peers": nanmedian(rank_median(column_sample(data.comm_wait_s[span]))),
         }
 
     kind = "straggler_rank"
     cause = main.channel
     if cause == "compute" and data.compute_includes_wait:
         cause = "unknown"
-    if cause == "compute" and data.gpu_evidence is not None:
-        gpu = data.gpu_evidence(rank, first_step, last_step)
-        if gpu:
-            evidence["gpu"] = gpu
-            if gpu.get("throttled"):
-                kind = cause = "gpu_throttling"
+    if gpu:
+        evidence["gpu"] = gpu
+        if cause == "compute" and gpu.get("throttled"):
+            kind = cause = "gpu_throttling"
     if cause == "communication" and data.comm_evidence is not None:
         evidence["collectives"] = data.comm_evidence(rank, first_step, last_step)
 
@@ -243,7 +290,7 @@ def _typical_step_s(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             sync_s = nanmedian(np.nanmin(wait, axis=1))
-    ready_s = nanmedian(rank_median(data.step_s[span] - wait))
+    ready_s = nanmedian(rank_median(column_sample(data.step_s[span] - wait)))
     return ready_s + sync_s, True
 
 

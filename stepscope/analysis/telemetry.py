@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,42 +18,52 @@ _MAX_PEERS = 64
 _MIN_SHARE_ABOVE_PEERS = 0.25
 
 
+StepWindow = tuple[int, int, int]
+"""(rank, first_step, last_step)."""
+
+
 class GpuEvidence:
-    """Telemetry of one rank over a range of steps, next to the same time on its peers."""
+    """Telemetry of slow ranks over their slow steps, next to the same time on their peers."""
 
-    def __init__(self, gpu: pl.DataFrame, steps: pl.DataFrame, config: AnalysisConfig) -> None:
+    def __init__(
+        self,
+        gpu: pl.DataFrame,
+        times: Callable[[StepWindow], tuple[float, float] | None],
+        config: AnalysisConfig,
+    ) -> None:
         self._gpu = gpu
-        self._steps = steps
+        self._times = times
         self._config = config
-        ranks = np.sort(gpu["rank"].unique().to_numpy())
-        stride = max(1, ranks.size // _MAX_PEERS)
-        self._peers = ranks[::stride].tolist()
 
-    def __call__(self, rank: int, first_step: int, last_step: int) -> dict[str, Any]:
-        """Medians of clock, power and temperature, and the share of samples slowed down."""
-        window = self._steps.filter(
-            (pl.col("rank") == rank) & pl.col("step").is_between(first_step, last_step)
-        ).select(
-            pl.col("ts").min().alias("t0"), (pl.col("ts") + pl.col("step_s")).max().alias("t1")
-        )
-        t0, t1 = window.row(0)
-        if t0 is None:
+    def __call__(self, windows: list[StepWindow]) -> list[dict[str, Any]]:
+        """For each window: medians of clock, power, temperature, share of slowed samples."""
+        if not windows:
+            return []
+        ranks = np.sort(self._gpu["rank"].unique().to_numpy())
+        peers = ranks[:: max(1, ranks.size // _MAX_PEERS)].tolist()
+        wanted = sorted({*peers, *(w[0] for w in windows)})
+        rows = self._gpu.filter(pl.col("rank").is_in(wanted))
+        return [self._one(rows, w) for w in windows]
+
+    def _one(self, rows: pl.DataFrame, window: StepWindow) -> dict[str, Any]:
+        rank = window[0]
+        times = self._times(window)
+        if times is None:
             return {}
+        t0, t1 = times
         per_rank = (
-            self._gpu.filter(
-                pl.col("ts").is_between(t0, t1) & pl.col("rank").is_in([rank, *self._peers])
-            )
+            rows.filter(pl.col("ts").is_between(t0, t1))
             .group_by("rank")
             .agg(
                 pl.len().alias("samples"),
                 *(
                     pl.col(c).median()
                     for c in ("sm_clock_mhz", "power_w", "temp_c")
-                    if c in self._gpu.columns
+                    if c in rows.columns
                 ),
                 *(
                     [((pl.col("throttle_reasons") & SLOWDOWN_REASONS) != 0).mean().alias("slowed")]
-                    if "throttle_reasons" in self._gpu.columns
+                    if "throttle_reasons" in rows.columns
                     else []
                 ),
             )
