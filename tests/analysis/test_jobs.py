@@ -58,7 +58,7 @@ def test_ranks_stalling_intermittently_are_named() -> None:
     (f,) = _kind(findings, "dataloader_stall")
     assert f.ranks == [3, 11]
     assert f.evidence["scope"] == "ranks"
-    assert f.observed > 0.1
+    assert (f.observed or 0.0) > 0.1
     # Slow in only half of the steps: below the persistence needed for a straggler.
     assert _kind(findings, "straggler_rank") == []
 

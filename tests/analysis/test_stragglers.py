@@ -39,6 +39,8 @@ def test_compute_delay_names_the_slow_rank_and_when() -> None:
     assert f.effect == pytest.approx(0.2, abs=0.02)
     assert f.severity == "warning"
     assert f.metric == "step_s"
+    assert f.expected is not None
+    assert f.effect is not None
     assert f.observed == pytest.approx(f.expected * (1 + f.effect))
     # The slow rank waits least in the all-reduce; its peers wait for it.
     wait = f.evidence["comm_wait_s"]
