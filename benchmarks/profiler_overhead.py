@@ -203,7 +203,7 @@ def main() -> None:
     cost_us = hot_path_us(url)
     print(
         f"hot path:      {cost_us:.1f} us CPU per step without a model "
-        f"({cost_us / 1e4:.2f} % of a 10 ms step; excludes the DDP hook)"
+        f"({cost_us / 100:.2f} % of a 10 ms step; excludes the DDP hook)"
     )
 
 
