@@ -260,7 +260,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     try:
-        import changepoint_eval  # type: ignore[import-not-found]
+        import changepoint_eval
     except ImportError:
         print("\nbenchmarks/changepoint_eval.py is absent: change-point evaluation skipped")
         return
