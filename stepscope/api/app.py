@@ -27,6 +27,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine, interval_s=settings.analyze_interval_s, active_within_s=settings.active_within_s
     )
 
+    writer = BatchWriter(engine)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         analyzer.start()
@@ -34,12 +36,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             analyzer.stop()
+            writer.close()
             engine.dispose()
 
     app = FastAPI(title="stepscope", version=__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
-    app.state.writer = BatchWriter(engine)
+    app.state.writer = writer
     app.state.tokens = TokenCache(engine)
     app.include_router(ingest_router)
 

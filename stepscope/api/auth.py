@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import sqlalchemy as sa
@@ -38,12 +38,14 @@ class TokenCache:
         return found
 
 
-def require_scope(scope: str) -> Callable[[Request], None]:
+def require_scope(scope: str) -> Callable[[Request], Awaitable[None]]:
     """A dependency that admits a request holding a token with `scope` (or admin)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
-    def check(request: Request) -> None:
+    # async so FastAPI runs it on the event loop: a sync dependency costs a thread hop per
+    # request, and the token cache answers without I/O nearly always.
+    async def check(request: Request) -> None:
         if not request.app.state.settings.auth:
             return
         header = request.headers.get("authorization", "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from stepscope.api.auth import IngestAuth
-from stepscope.collector.validate import BatchError, decode_body, parse_batch
+from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
 from stepscope.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -31,15 +32,11 @@ async def read_body_limited(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def ingest_body(
-    writer: BatchWriter, body: bytes, content_encoding: str | None, max_bytes: int
-) -> dict[str, Any]:
-    """Decode, validate and store one batch; the response document."""
-    batch = parse_batch(decode_body(body, content_encoding=content_encoding, max_bytes=max_bytes))
-    result = writer.write(
-        job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections
-    )
-    return {"accepted": result.accepted, "duplicate": result.duplicate}
+_INLINE_BODY_BYTES = 256 * 1024
+
+
+def parse_body(body: bytes, content_encoding: str | None, max_bytes: int) -> Batch:
+    return parse_batch(decode_body(body, content_encoding=content_encoding, max_bytes=max_bytes))
 
 
 @router.post("/v1/ingest", tags=["collector"])
@@ -50,13 +47,17 @@ async def ingest(request: Request, _auth: IngestAuth) -> dict[str, Any]:
         raise HTTPException(415, f"Content-Type must be application/json, got {content_type!r}")
     settings = request.app.state.settings
     body = await read_body_limited(request, settings.max_body_bytes)
+    encoding = request.headers.get("content-encoding")
     try:
-        return await run_in_threadpool(
-            ingest_body,
-            request.app.state.writer,
-            body,
-            request.headers.get("content-encoding"),
-            settings.max_body_bytes,
-        )
+        # Small bodies parse faster than a thread hop; large ones must not stall the loop.
+        if len(body) <= _INLINE_BODY_BYTES:
+            batch = parse_body(body, encoding, settings.max_body_bytes)
+        else:
+            batch = await run_in_threadpool(parse_body, body, encoding, settings.max_body_bytes)
     except BatchError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
+    writer: BatchWriter = request.app.state.writer
+    result = await asyncio.wrap_future(
+        writer.submit(job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections)
+    )
+    return {"accepted": result.accepted, "duplicate": result.duplicate}

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
 from stepscope.store import tables
-from stepscope.store.engine import is_sqlite
+
+log = logging.getLogger(__name__)
 
 _PG_STAGE_TYPES = {sa.String: "text", sa.BigInteger: "int8", sa.Integer: "int8", sa.Float: "float8"}
 
@@ -102,62 +105,156 @@ _UPSERT_RANK = sa.text(
 )
 
 
+@dataclass(slots=True)
+class _Pending:
+    job: dict[str, Any]
+    source: dict[str, Any]
+    seq: int
+    sections: dict[str, dict[str, list[Any]]]
+    future: Future[WriteResult] = field(default_factory=Future)
+
+    @property
+    def key(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job["job_id"],
+            "rank": self.source["rank"],
+            "incarnation": self.source["incarnation"],
+            "seq": self.seq,
+        }
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {
+            name: len(self.sections[name]["rank"]) if name in self.sections else 0
+            for name in tables.RECORD_TABLES
+        }
+
+
 class BatchWriter:
-    """Writes validated wire batches; safe to call from many threads."""
+    """Writes validated batches from one thread, committing concurrent batches together.
 
-    def __init__(self, engine: sa.Engine) -> None:
+    Each batch is still all-or-nothing: if a group's transaction fails, its batches are
+    retried one transaction each, so one bad batch cannot take others down with it.
+    """
+
+    def __init__(self, engine: sa.Engine, *, max_group_rows: int = 100_000) -> None:
         self.engine = engine
-        # SQLite has one writer at a time: queue in-process instead of spinning on busy_timeout.
-        self._write_lock: AbstractContextManager[Any] = (
-            threading.Lock() if is_sqlite(engine) else nullcontext()
-        )
+        self._max_group_rows = max_group_rows
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="stepscope-writer", daemon=True)
+        self._thread.start()
 
-    def write(
+    def submit(
         self,
         *,
         job: dict[str, Any],
         source: dict[str, Any],
         seq: int,
         sections: dict[str, dict[str, list[Any]]],
-    ) -> WriteResult:
-        """Store a whole batch in one transaction, or nothing if its key was already stored."""
-        counts = {
-            name: len(sections[name]["rank"]) if name in sections else 0
-            for name in tables.RECORD_TABLES
-        }
+    ) -> Future[WriteResult]:
+        """Queue a batch; the future resolves once it is committed (or found duplicate)."""
+        pending = _Pending(job=job, source=source, seq=seq, sections=sections)
+        self._queue.put(pending)
+        return pending.future
+
+    def write(self, **batch: Any) -> WriteResult:
+        """Store a batch and wait for the commit."""
+        return self.submit(**batch).result()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish the queued batches and stop the writer thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                return
+            group, rows = [first], sum(first.counts.values())
+            while rows < self._max_group_rows:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    break
+                group.append(nxt)
+                rows += sum(nxt.counts.values())
+            self._commit(group)
+
+    def _commit(self, group: list[_Pending]) -> None:
+        try:
+            results = self._write_group(group)
+        except Exception as exc:
+            if len(group) == 1:
+                log.exception("batch of job %s could not be stored", group[0].job["job_id"])
+                group[0].future.set_exception(exc)
+                return
+            for pending in group:
+                self._commit([pending])
+            return
+        for pending, result in zip(group, results, strict=True):
+            pending.future.set_result(result)
+
+    def _write_group(self, group: list[_Pending]) -> list[WriteResult]:
         now = time.time()
-        key = {
-            "job_id": job["job_id"],
-            "rank": source["rank"],
-            "incarnation": source["incarnation"],
-            "seq": seq,
-        }
-        started_at = min(sections["steps"]["ts"]) if "steps" in sections else None
-        with self._write_lock, self.engine.begin() as conn:
-            if conn.execute(_CLAIM_BATCH, {**key, **counts, "now": now}).first() is None:
-                stored = conn.execute(_STORED_COUNTS, key).one()
-                return WriteResult(accepted=dict(zip(counts, stored, strict=True)), duplicate=True)
-            conn.execute(
-                _UPSERT_JOB,
-                {
-                    "job_id": job["job_id"],
-                    "status": job.get("status"),
-                    "started_at": job.get("started_at") or started_at or now,
-                    **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
-                },
-            )
-            conn.execute(
-                _UPSERT_RANK,
-                {
-                    "job_id": job["job_id"],
-                    "rank": source["rank"],
-                    "local_rank": source.get("local_rank"),
-                    "node": source.get("node"),
-                    "pid": source.get("pid"),
-                    "incarnation": source["incarnation"],
-                    "now": now,
-                },
-            )
-            for name, values in sections.items():
-                insert_ignoring_duplicates(conn, tables.RECORD_TABLES[name], values)
-        return WriteResult(accepted=counts, duplicate=False)
+        results: list[WriteResult] = []
+        fresh: list[_Pending] = []
+        with self.engine.begin() as conn:
+            for pending in group:
+                claim = {**pending.key, **pending.counts, "now": now}
+                if conn.execute(_CLAIM_BATCH, claim).first() is None:
+                    stored = conn.execute(_STORED_COUNTS, pending.key).one()
+                    counts = dict(zip(tables.RECORD_TABLES, stored, strict=True))
+                    results.append(WriteResult(accepted=counts, duplicate=True))
+                else:
+                    results.append(WriteResult(accepted=pending.counts, duplicate=False))
+                    fresh.append(pending)
+            if not fresh:
+                return results
+            conn.execute(_UPSERT_JOB, [_job_params(p, now) for p in fresh])
+            conn.execute(_UPSERT_RANK, [_rank_params(p, now) for p in fresh])
+            for name, table in tables.RECORD_TABLES.items():
+                merged = _concat([p.sections[name] for p in fresh if name in p.sections])
+                if merged:
+                    insert_ignoring_duplicates(conn, table, merged)
+        return results
+
+
+def _job_params(pending: _Pending, now: float) -> dict[str, Any]:
+    job, steps = pending.job, pending.sections.get("steps")
+    return {
+        "job_id": job["job_id"],
+        "status": job.get("status"),
+        "started_at": job.get("started_at") or (min(steps["ts"]) if steps else now),
+        **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
+    }
+
+
+def _rank_params(pending: _Pending, now: float) -> dict[str, Any]:
+    source = pending.source
+    return {
+        "job_id": pending.job["job_id"],
+        "rank": source["rank"],
+        "local_rank": source.get("local_rank"),
+        "node": source.get("node"),
+        "pid": source.get("pid"),
+        "incarnation": source["incarnation"],
+        "now": now,
+    }
+
+
+def _concat(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """Columns of several batches end to end; a column one batch lacks is null there."""
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
+    names = {name for part in parts for name in part}
+    merged: dict[str, list[Any]] = {name: [] for name in names}
+    for part in parts:
+        num_rows = len(part["rank"])
+        for name in names:
+            merged[name].extend(part.get(name) or [None] * num_rows)
+    return merged

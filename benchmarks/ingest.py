@@ -1,0 +1,223 @@
+"""Collector ingest throughput vs the raw bulk-insert limit, on SQLite and PostgreSQL.
+
+1. Burst: a simulated job of --ranks ranks posts all its batches concurrently (one
+   connection per rank) to a real `stepscope serve` on a loopback port; rows/s through HTTP
+   (gzip, validation, idempotency, one transaction per batch) is compared with a raw bulk
+   insert of the same rows into a fresh database of the same engine, using the store's own
+   bulk path (executemany / binary COPY) and no HTTP, no validation, no idempotency record.
+   The limit is printed twice: in one transaction per batch (the same write pattern) and
+   in one transaction for everything (the physical ceiling).
+2. Sustained: a --sustained-ranks job training at 1 step/s, each rank flushing every
+   --flush-steps steps; prints whether the server keeps up (achieved steps/s, lag).
+
+The HTTP client is a minimal asyncio HTTP/1.1 client so that, on this one machine, it
+takes as little CPU from the server as possible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
+from stepscope.simulate import batch_rounds  # noqa: E402
+from stepscope.store import tables  # noqa: E402
+from stepscope.store.engine import make_engine  # noqa: E402
+from stepscope.store.migrate import upgrade  # noqa: E402
+from stepscope.store.writer import insert_ignoring_duplicates  # noqa: E402
+from stepscope.synth import JobSpec, generate  # noqa: E402
+from tests.server import run_server  # noqa: E402
+from tests.support import fresh_postgres_database  # noqa: E402
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection that POSTs gzip JSON bodies."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        for _attempt in range(3):
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            assert self.reader is not None
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            self.writer.write(head + body)
+            status_line = await self.reader.readline()
+            if not status_line:  # the server closed an idle keep-alive connection
+                self.close()
+                continue
+            length = 0
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            return int(status_line.split()[1]), await self.reader.readexactly(length)
+        raise ConnectionError("server keeps closing the connection")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def post_rounds(
+    port: int, rounds: list[list[bytes]], round_interval_s: float, num_conns: int = 512
+) -> tuple[float, int, list[float]]:
+    """Post round k at k × interval (0: back to back); elapsed s, rows, per-round lag s."""
+    conns = [Conn("127.0.0.1", port) for _ in range(min(num_conns, len(rounds[0])))]
+    rows = 0
+    lags = []
+    start = time.perf_counter()
+
+    async def drain(conn: Conn, bodies: list[bytes]) -> int:
+        accepted = 0
+        for body in bodies:
+            status, payload = await conn.post("/v1/ingest", body)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {payload[:200]!r}")
+            accepted += sum(orjson.loads(payload)["accepted"].values())
+        return accepted
+
+    for k, bodies in enumerate(rounds):
+        due = start + k * round_interval_s
+        if round_interval_s and time.perf_counter() < due:
+            await asyncio.sleep(due - time.perf_counter())
+        shares = [bodies[i :: len(conns)] for i in range(len(conns))]
+        rows += sum(
+            await asyncio.gather(*(drain(c, b) for c, b in zip(conns, shares, strict=True)))
+        )
+        lags.append(time.perf_counter() - due)
+    elapsed = time.perf_counter() - start
+    for conn in conns:
+        conn.close()
+    return elapsed, rows, lags
+
+
+def raw_insert_rates(db_url: str, rounds: list[list[bytes]]) -> tuple[float, float]:
+    """Rows/s of the same rows bulk-inserted directly: (per-batch transactions, one transaction)."""
+    sections = [
+        parse_batch(decode_body(b, content_encoding="gzip", max_bytes=1 << 30)).sections
+        for bodies in rounds
+        for b in bodies
+    ]
+    num_rows = sum(len(cols["rank"]) for batch in sections for cols in batch.values())
+    rates = []
+    for one_transaction in (False, True):
+        engine = make_engine(db_url)
+        with engine.begin() as conn:
+            for t in tables.RECORD_TABLES.values():
+                conn.execute(t.delete())
+        start = time.perf_counter()
+        if one_transaction:
+            with engine.begin() as conn:
+                for name in tables.RECORD_TABLES:
+                    merged: dict[str, list[object]] = {}
+                    for batch in sections:
+                        for col, values in batch.get(name, {}).items():
+                            merged.setdefault(col, []).extend(values)
+                    if merged:
+                        insert_ignoring_duplicates(conn, tables.RECORD_TABLES[name], merged)
+        else:
+            for batch in sections:
+                with engine.begin() as conn:
+                    for name, cols in batch.items():
+                        insert_ignoring_duplicates(conn, tables.RECORD_TABLES[name], cols)
+        rates.append(num_rows / (time.perf_counter() - start))
+        engine.dispose()
+    return rates[0], rates[1]
+
+
+def job_rounds(num_ranks: int, num_steps: int, flush_steps: int) -> list[list[bytes]]:
+    spec = JobSpec(
+        job_id=f"bench-{num_ranks}-{time.time_ns()}",
+        num_ranks=num_ranks,
+        num_steps=num_steps,
+        base_step_s=1.0,
+        warmup_steps=0,
+        start_ts=time.time(),
+    )
+    return batch_rounds(generate(spec), steps_per_batch=flush_steps)
+
+
+def bench_engine(name: str, db_url: str, args: argparse.Namespace) -> None:
+    upgrade(make_engine(db_url))
+    rounds = job_rounds(args.ranks, args.steps, args.flush_steps)
+    num_batches = sum(len(r) for r in rounds)
+    with run_server(db_url) as server:
+        elapsed, rows, _ = asyncio.run(post_rounds(server.port, rounds, 0.0))
+    http_rate = rows / elapsed
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_db = f"sqlite:///{tmp}/raw.db" if name == "sqlite" else db_url
+        if name == "sqlite":
+            upgrade(make_engine(raw_db))
+        per_batch, single = raw_insert_rates(raw_db, rounds)
+    print(
+        f"\n[{name}] burst: {args.ranks} ranks x {args.steps} steps, {num_batches} batches "
+        f"of {args.flush_steps} steps, {rows} rows"
+    )
+    print(
+        f"  HTTP ingest (gzip+validation+idempotency): {http_rate:>10,.0f} rows/s "
+        f"({num_batches / elapsed:,.0f} batches/s)"
+    )
+    print(
+        f"  raw bulk insert, a transaction per batch:  {per_batch:>10,.0f} rows/s  "
+        f"ratio {http_rate / per_batch:.2f} (goal >= 0.5)"
+    )
+    print(
+        f"  raw bulk insert, one transaction:          {single:>10,.0f} rows/s  "
+        f"ratio {http_rate / single:.2f}"
+    )
+
+    rounds = job_rounds(args.sustained_ranks, args.sustained_steps, args.flush_steps)
+    with run_server(db_url) as server:
+        elapsed, rows, lags = asyncio.run(post_rounds(server.port, rounds, args.flush_steps))
+    trained_s = args.sustained_steps  # 1 step/s
+    keeps_up = max(lags) < args.flush_steps
+    print(
+        f"  sustained: {args.sustained_ranks} ranks at 1 step/s, flush every {args.flush_steps} "
+        f"steps: {rows} rows over {elapsed:.1f} s for {trained_s} s of training; "
+        f"round lag max {max(lags):.2f} s, mean {sum(lags) / len(lags):.2f} s -> "
+        f"{'keeps up' if keeps_up else 'FALLS BEHIND'}; "
+        f"server took {sum(lags) / len(lags) / args.flush_steps:.0%} of each flush interval"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument(
+        "--flush-steps",
+        type=int,
+        default=10,
+        help="steps per batch; at 1 step/s this is the flush interval in s",
+    )
+    parser.add_argument("--sustained-ranks", type=int, default=4096)
+    parser.add_argument("--sustained-steps", type=int, default=60)
+    parser.add_argument("--engines", default="sqlite,postgresql")
+    args = parser.parse_args()
+    for name in args.engines.split(","):
+        if name == "sqlite":
+            with tempfile.TemporaryDirectory() as tmp:
+                bench_engine(name, f"sqlite:///{tmp}/bench.db", args)
+        else:
+            with fresh_postgres_database() as url:
+                bench_engine(name, url, args)
+
+
+if __name__ == "__main__":
+    main()
