@@ -122,12 +122,16 @@ def _parse_straggler(text: str) -> Any:
         cause = parts[3] if len(parts) > 3 else "compute"
         until = int(parts[4]) if len(parts) > 4 else None
         return Straggler(
-            ranks=ranks, factor=factor, cause=cause, from_step=from_step, until_step=until
-        )  # type: ignore[arg-type]
+            ranks=ranks,
+            factor=factor,
+            cause=cause,  # type: ignore[arg-type]  # checked by Straggler
+            from_step=from_step,
+            until_step=until,
+        )
     except (IndexError, ValueError) as exc:
         raise fail(
-            f"bad --straggler {text!r} ({exc}); expected RANK:FACTOR:FROM_STEP[:CAUSE[:UNTIL_STEP]], "
-            "e.g. 3:1.3:100:compute"
+            f"bad --straggler {text!r} ({exc}); "
+            "expected RANK:FACTOR:FROM_STEP[:CAUSE[:UNTIL_STEP]], e.g. 3:1.3:100:compute"
         ) from None
 
 
@@ -297,6 +301,7 @@ def demo(
         num_steps=steps,
         keep_serving=not exit_after,
         print_findings=lambda f: _print_findings(f, "table"),
+        say=Console().print,
     )
 
 

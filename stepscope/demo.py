@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from stepscope.api.analyzer import analyze_stored_job
 from stepscope.api.app import create_app
@@ -20,8 +21,7 @@ from stepscope.synth import JobSpec, Straggler, generate
 log = logging.getLogger(__name__)
 
 
-def _start_server(settings: Settings) -> tuple[uvicorn.Server, threading.Thread]:
-    app = create_app(settings)
+def _start_server(app: FastAPI, settings: Settings) -> tuple[uvicorn.Server, threading.Thread]:
     server = uvicorn.Server(
         uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
     )
@@ -49,10 +49,12 @@ def run_demo(
     num_steps: int,
     keep_serving: bool,
     print_findings: Callable[[list[Any]], None],
+    say: Callable[[str], None],
 ) -> None:
     """Stream a job where one rank computes 25% slower from step 200 and another waits on data."""
     settings = Settings(database_url=database_url, port=port)
-    server, thread = _start_server(settings)
+    app = create_app(settings)
+    server, thread = _start_server(app, settings)
     url = f"http://{settings.host}:{port}"
     job_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     spec = JobSpec(
@@ -71,18 +73,18 @@ def run_demo(
             ),
         ),
     )
-    print(f"stepscope demo: server on {url} (database {database_url})")  # noqa: T201
+    say(f"stepscope demo: server on {url} (database {database_url})")
     stats = stream_job(generate(spec), url, steps_per_batch=20)
-    print(
-        f"streamed job {job_id}: {num_ranks} ranks x {num_steps} steps, "  # noqa: T201
+    say(
+        f"streamed job {job_id}: {num_ranks} ranks x {num_steps} steps, "
         f"{stats.rows} rows in {stats.batches} batches, {stats.elapsed_s:.1f} s"
     )
-    print_findings(analyze_stored_job(server.config.app.state.engine, job_id))
+    print_findings(analyze_stored_job(app.state.engine, job_id))
     if not keep_serving:
         server.should_exit = True
         thread.join(timeout=10)
         return
-    print(f"serving on {url} — Ctrl-C to stop")  # noqa: T201
+    say(f"serving on {url} — Ctrl-C to stop")
     try:
         while thread.is_alive():
             thread.join(timeout=1)

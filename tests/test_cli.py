@@ -14,7 +14,8 @@ def test_serve_refuses_a_public_address_without_auth() -> None:
         timeout=60,
     )
     assert out.returncode == 2
-    assert "--auth" in out.stderr and "--allow-unauthenticated" in out.stderr
+    assert "--auth" in out.stderr
+    assert "--allow-unauthenticated" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -35,4 +36,5 @@ def test_token_create_rejects_an_unknown_scope(tmp_path: object) -> None:
         text=True,
         timeout=60,
     )
-    assert out.returncode == 2 and "write" in out.stderr
+    assert out.returncode == 2
+    assert "write" in out.stderr

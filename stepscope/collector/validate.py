@@ -87,7 +87,7 @@ def _check_scalar(where: str, value: Any, dtype: schema.Dtype, *, required: bool
         return
     if isinstance(value, bool) or not isinstance(value, _JSON_TYPES[dtype]):
         raise BatchError(f"{where} must be of type {dtype}, got {type(value).__name__}")
-    if dtype == "str" and not value.strip():
+    if isinstance(value, str) and not value.strip():
         raise BatchError(f"{where} must not be empty")
 
 
@@ -191,7 +191,9 @@ def parse_batch(doc: Any) -> Batch:
     _check_object("job", job, _JOB_FIELDS, {"job_id"})
     _check_object("source", source, _SOURCE_FIELDS, {"rank", "incarnation"})
     _check_scalar("seq", seq, "int", required=True)
-    assert isinstance(job, dict) and isinstance(source, dict) and isinstance(seq, int)
+    assert isinstance(job, dict)
+    assert isinstance(source, dict)
+    assert isinstance(seq, int)
     for where, text in (
         ("job.job_id", job["job_id"]),
         ("source.incarnation", source["incarnation"]),

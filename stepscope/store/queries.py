@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import polars as pl
 import sqlalchemy as sa
 
@@ -25,37 +26,24 @@ _FRAME_TABLES = {
 _POLARS_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "json": pl.String}
 
 
-def _empty_schema(table: sa.Table) -> dict[str, pl.DataType]:
-    spec = schema.TABLES[table.name]
-    return {c.name: _POLARS_TYPES[spec.column(c.name).dtype]() for c in table.columns}
-
-
 def load_frame(engine: sa.Engine, name: str, job_id: str) -> pl.DataFrame:
     """One stored table of a job ('steps', 'collectives', 'gpu', 'events', 'ranks')."""
     table = _FRAME_TABLES[name]
-    order = [
-        c for c in (table.c.get("rank"), table.c.get("step"), table.c.get("ts")) if c is not None
-    ]
+    order = [table.c[c] for c in ("rank", "step", "ts") if c in table.c]
     query = sa.select(table).where(table.c.job_id == job_id).order_by(*order)
     with engine.connect() as conn:
         result = conn.execute(query)
-        rows = result.fetchall()
         columns = list(result.keys())
-    frame_schema = _empty_schema(table)
-    if table.name == "events":
+        rows: list[tuple[Any, ...]] = [tuple(r) for r in result]
+    if "attributes" in columns:  # JSON column: keep it as JSON text in the frame
+        i = columns.index("attributes")
         rows = [
-            tuple(
-                _json_text(v) if k == "attributes" else v for k, v in zip(columns, r, strict=True)
-            )
+            (*r[:i], None if r[i] is None else orjson.dumps(r[i]).decode(), *r[i + 1 :])
             for r in rows
         ]
-    return pl.DataFrame(rows, schema={c: frame_schema[c] for c in columns}, orient="row")
-
-
-def _json_text(value: Any) -> str | None:
-    import orjson
-
-    return None if value is None else orjson.dumps(value).decode()
+    spec = schema.TABLES[table.name]
+    frame_schema = {c: _POLARS_TYPES[spec.column(c).dtype] for c in columns}
+    return pl.DataFrame(rows, schema=frame_schema, orient="row")
 
 
 def load_job(engine: sa.Engine, job_id: str) -> dict[str, Any] | None:
@@ -134,7 +122,7 @@ def create_token(engine: sa.Engine, *, name: str, scopes: Iterable[str]) -> str:
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(tables.ApiToken.__table__).values(
+            sa.insert(tables.ApiToken).values(
                 name=name,
                 token_sha256=token_sha256(token),
                 scopes=" ".join(sorted(set(scopes))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -22,7 +23,7 @@ class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
 
-_SQL_TYPES: dict[schema.Dtype, sa.types.TypeEngine[object]] = {
+_SQL_TYPES: dict[schema.Dtype, sa.types.TypeEngine[Any]] = {
     "str": sa.String(),
     "int": sa.BigInteger(),
     "float": sa.Float(precision=53),

@@ -122,8 +122,12 @@ def test_batch_round_trips_with_every_column(server: RunningServer) -> None:
     assert [r["comm_wait_s"] for r in steps] == [0.03, 0.04, None]
     assert (
         steps[0]["mem_peak_bytes"] == 2**34
-        and steps[0]["flops"] == 1.2e15
-        and steps[0]["h2d_s"] is None
+    )
+    assert (
+        steps[0]["flops"] == 1.2e15
+    )
+    assert (
+        steps[0]["h2d_s"] is None
     )
     coll = read_rows(server.db_url, "collectives", "job-a")
     assert sorted((r["step"], r["op"], r["bytes"], r["busy_s"]) for r in coll) == [
@@ -259,13 +263,15 @@ def _create_token(db_url: str, *scopes: str) -> str:
 def test_auth_requires_a_token_with_the_ingest_scope(db_url: str) -> None:
     ingest_token = _create_token(db_url, "ingest")
     read_token = _create_token(db_url, "read")
-    assert ingest_token.startswith("ss_") and ingest_token != read_token
+    assert ingest_token.startswith("ss_")
+    assert ingest_token != read_token
     assert ingest_token not in repr(read_rows(db_url, "api_tokens", None)), "only hashes are stored"
     with run_server(db_url, extra_args=["--auth"]) as server:
         assert post(server, make_batch()).status_code == 401
         assert post(server, make_batch(), token="ss_unknown").status_code == 401
         forbidden = post(server, make_batch(), token=read_token)
-        assert forbidden.status_code == 403 and "ingest" in forbidden.json()["detail"]
+        assert forbidden.status_code == 403
+        assert "ingest" in forbidden.json()["detail"]
         assert stored_counts(server, "job-a")["steps"] == 0
         assert post(server, make_batch(), token=ingest_token).status_code == 200
         assert (

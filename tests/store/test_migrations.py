@@ -45,7 +45,8 @@ def test_db_upgrade_creates_every_table_on_an_empty_database(empty_db_url: str) 
         "op",
     ]
     nullable = {c["name"]: c["nullable"] for c in inspector.get_columns("steps")}
-    assert nullable["step_s"] is False and nullable["comm_wait_s"] is True
+    assert nullable["step_s"] is False
+    assert nullable["comm_wait_s"] is True
     engine.dispose()
 
 

@@ -1,0 +1,48 @@
+"""`stepscope demo` end to end: server, streamed synthetic job, analysis."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.server import free_port, read_rows
+
+
+def test_demo_streams_a_job_and_names_the_slow_ranks(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "demo",
+            "--exit",
+            "--port",
+            str(free_port()),
+            "--db",
+            db_url,
+            "--ranks",
+            "16",
+            "--steps",
+            "400",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "240"},
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "straggler_rank" in line]
+    cells = [[c.strip() for c in line.split("│")] for line in rows]
+    named = {(c[3], c[6]) for c in cells}  # (ranks, cause)
+    assert named == {("5", "compute"), ("11", "data")}
+    (job,) = read_rows(db_url, "jobs", None)
+    assert job["status"] == "finished"
+    assert len(read_rows(db_url, "steps", job["job_id"])) == 16 * 400
+    stored = read_rows(db_url, "findings", job["job_id"])
+    assert {(tuple(f["ranks"]), f["cause"]) for f in stored if f["kind"] == "straggler_rank"} == {
+        ((5,), "compute"),
+        ((11,), "data"),
+    }
