@@ -38,3 +38,47 @@ def test_token_create_rejects_an_unknown_scope(tmp_path: object) -> None:
     )
     assert out.returncode == 2
     assert "write" in out.stderr
+
+
+def test_run_passes_the_job_environment_to_the_command() -> None:
+    child = "import os; print(os.environ['STEPSCOPE_JOB_ID'], os.environ['STEPSCOPE_URL'])"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "run",
+            "--job-id",
+            "llm-7",
+            "--url",
+            "http://collector:8000",
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["llm-7", "http://collector:8000"]
+
+
+def test_run_returns_the_exit_code_of_the_command() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "run",
+            "--",
+            sys.executable,
+            "-c",
+            "raise SystemExit(7)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 7
