@@ -12,7 +12,7 @@ from stepscope import __version__
 from stepscope.api.analyzer import BackgroundAnalyzer
 from stepscope.api.auth import TokenCache
 from stepscope.api.settings import Settings
-from stepscope.collector.ingest import router as ingest_router
+from stepscope.collector.ingest import route as ingest_route
 from stepscope.store.engine import is_sqlite, make_engine
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter
@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.writer = writer
     app.state.tokens = TokenCache(engine)
-    app.include_router(ingest_router)
+    app.router.routes.append(ingest_route)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
