@@ -7,7 +7,8 @@ detection latency (steps from onset until the sliding window confirmed it) per s
 precision, and the findings on clean jobs. Then D's change-point evaluation, if present.
 
 Goals: recall >= 95% with the right cause for slowdowns >= 5% lasting >= 50 steps;
-no finding on >= 100 clean jobs.
+no finding of any kind (stragglers, stalls, collectives, throughput, MFU) on >= 100 clean
+jobs.
 
     python benchmarks/detection_quality.py
 """
@@ -244,12 +245,15 @@ def main() -> None:
             flagged.append((spec, job_kinds))
     took = time.perf_counter() - t1
     print(f"\nclean jobs: {len(clean)} (noise 1-6%, spikes up to 1% of rank-steps; {took:.0f} s)")
-    ours = [(s, k) for s, k in flagged if set(k) - THROUGHPUT_KINDS]
+    stragglerish = sum(bool(set(k) - THROUGHPUT_KINDS) for _, k in flagged)
     print(
-        f"GOAL clean jobs with a straggler/dataloader/collective finding: {len(ours)}"
-        f" [{'ok' if not ours else 'MISSED'}]"
+        f"GOAL no finding of any kind on >= 100 clean jobs: {len(flagged)} of {len(clean)}"
+        f" clean jobs have a finding [{'ok' if not flagged and len(clean) >= 100 else 'MISSED'}]"
     )
-    print(f"clean jobs with any finding (throughput change points included): {len(flagged)}")
+    print(
+        f"  of which a straggler/dataloader/collective finding: {stragglerish},"
+        f" only throughput/MFU findings: {len(flagged) - stragglerish}"
+    )
     if kinds:
         print(f"  findings by kind: {dict(kinds)}")
     for spec, job_kinds in flagged:

@@ -74,9 +74,9 @@ def analyze(
     steps_df = _select(steps, wanted)
     if steps_df.is_empty():
         return []
-    # job_id is checked above: a constant column spares throughput its own check.
+    # job_id is checked above: without the column, throughput takes it from `job`.
     findings = throughput_findings(
-        steps_df.with_columns(pl.lit(job_id, dtype=pl.String).alias("job_id")),
+        steps_df.drop("job_id", "node", strict=False),
         job={**(job or {}), "job_id": job_id},
         config=config.change_points,
         mfu_low_below=config.mfu_low_below,

@@ -134,10 +134,18 @@ def throughput_findings(
 
 
 def _job_id(steps: pl.DataFrame, job: Mapping[str, Any]) -> str:
-    job_ids = steps["job_id"].unique().to_list()
-    if len(job_ids) > 1:
-        raise ValueError(f"steps hold {len(job_ids)} jobs; analyse one job at a time")
-    return str(job.get("job_id") or job_ids[0])
+    """The job's id: from a job_id column (one value throughout), else from `job`."""
+    if "job_id" in steps.columns:
+        job_ids = steps["job_id"]
+        first = job_ids[0]
+        # A comparison with the first id, not unique(): no hashing of millions of strings.
+        if (job_ids != first).any():
+            raise ValueError("steps hold several job_ids: analyse one job at a time")
+        if first is not None:
+            return str(first)
+    if job.get("job_id"):
+        return str(job["job_id"])
+    raise ValueError("no job_id: give steps a job_id column or pass job={'job_id': ...}")
 
 
 def _shift_findings(

@@ -158,6 +158,18 @@ def test_clean_run_gives_no_findings() -> None:
         assert throughput_findings(steps, job=job, config=CONFIG) == []
 
 
+def test_steps_without_a_job_id_column_take_it_from_the_job() -> None:
+    step_s = noisy_step_s(4, 300, seed=12)
+    step_s[:, 150:] *= 1.2
+    steps = make_steps(step_s, with_flops=False).drop("job_id")
+
+    (drop,) = throughput_findings(steps, job={"job_id": "j-7"}, config=CONFIG)
+
+    assert (drop.job_id, drop.kind, drop.metric) == ("j-7", "throughput_drop", "tokens_per_s")
+    with pytest.raises(ValueError, match="no job_id"):
+        throughput_findings(steps, job=None, config=CONFIG)
+
+
 def test_without_tokens_steps_per_s_is_analysed() -> None:
     step_s = noisy_step_s(2, 300, seed=3)
     step_s[:, 150:] *= 1.1
