@@ -1,9 +1,11 @@
 """Analysis at scale (DESIGN §7): 1024 ranks × 10,000 steps in ≤ 3 s and ≤ 2 GB.
 
 Generates a synthetic job (steps, collectives, GPU samples; a few stragglers, a slow node
-and a busbw drop) into parquet files in a subprocess, then measures `analyze` in fresh
-subprocesses, wall time and peak RSS (ru_maxrss): A. on DataFrames already in memory,
-B. on LazyFrames over the parquet files (reading included).
+and a busbw drop) into parquet files in a subprocess, then measures the whole analysis in
+fresh subprocesses, wall time and peak RSS (ru_maxrss), reading included, against the goal:
+A. the files read into DataFrames (the columns analysis uses, as a query layer returns
+them), then `analyze`; B. `analyze` on LazyFrames over the files (what `stepscope analyze
+--steps FILE` does).
 
     python benchmarks/analysis_scale.py [--ranks 1024] [--steps 10000]
 """
@@ -121,20 +123,24 @@ def main() -> None:
             )
             results[mode] = json.loads(out.stdout)
     memory, lazy = results["memory"], results["lazy"]
-    ok_memory_s = memory["analyze_s"] <= GOAL_S
-    ok_lazy_s = lazy["analyze_s"] <= GOAL_S
-    ok_lazy_rss = lazy["peak_rss_bytes"] <= GOAL_BYTES
+    memory_s = memory["load_s"] + memory["analyze_s"]
     print("\nA. frames read into memory first (columns analysis uses), then analyze(DataFrames)")
     print(f"   read:            {memory['load_s']:.2f} s, RSS {gib(memory['rss_loaded_bytes'])}")
+    print(f"   analyze():       {memory['analyze_s']:.2f} s")
+    print(f"   read + analyze:  {memory_s:.2f} s   [goal <= 3 s: {verdict(memory_s <= GOAL_S)}]")
+    ok_memory_rss = memory["peak_rss_bytes"] <= GOAL_BYTES
     print(
-        f"   analyze():       {memory['analyze_s']:.2f} s   [goal <= 3 s: {verdict(ok_memory_s)}]"
+        f"   peak RSS:        {gib(memory['peak_rss_bytes'])} (frames included)"
+        f" [goal <= 2 GiB: {verdict(ok_memory_rss)}]"
     )
-    print(f"   peak RSS:        {gib(memory['peak_rss_bytes'])} (frames included)")
-    print("B. analyze(scan_parquet LazyFrames), reading only the columns it needs")
+    print("B. analyze(scan_parquet LazyFrames), reading only the columns it needs (CLI --steps)")
+    ok_lazy_s = lazy["analyze_s"] <= GOAL_S
     print(f"   read + analyze:  {lazy['analyze_s']:.2f} s   [goal <= 3 s: {verdict(ok_lazy_s)}]")
+    ok_lazy_rss = lazy["peak_rss_bytes"] <= GOAL_BYTES
     print(
         f"   peak RSS:        {gib(lazy['peak_rss_bytes'])} [goal <= 2 GiB: {verdict(ok_lazy_rss)}]"
     )
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
     print(f"findings ({len(lazy['findings'])}):")
     for line in lazy["findings"]:
         print("  " + line)

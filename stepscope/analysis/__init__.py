@@ -22,7 +22,7 @@ from stepscope.analysis.collectives import (
 )
 from stepscope.analysis.config import AnalysisConfig
 from stepscope.analysis.findings import findings_to_frame
-from stepscope.analysis.grid import Grid, Matrix, rank_median
+from stepscope.analysis.grid import Grid, Matrix, column_sample, rank_median
 from stepscope.analysis.jobs import dataloader_findings
 from stepscope.analysis.stragglers import StragglerInput, straggler_findings
 from stepscope.analysis.telemetry import GpuEvidence
@@ -103,7 +103,7 @@ def analyze(
     stride = max(1, grid.ranks.size // _MAX_REFERENCE_RANKS)
     reference_step_s = rank_median(step_s[:, ::stride])
     post_steps = grid.steps[start:]
-    data_median_s = rank_median(data_s)
+    data_median_s = rank_median(column_sample(data_s))
 
     channels = {"compute": compute_s, "data": data_s}
     ops = []
@@ -117,10 +117,13 @@ def analyze(
         channels["communication"] = finish_times(ops, ready_s)
         findings += slow_collective_findings(job_id, ops, post_steps, config)
 
-    gpu_df = _select(gpu, _GPU_COLUMNS) if gpu is not None else None
     gpu_evidence = None
-    if gpu_df is not None and not gpu_df.is_empty() and "ts" in steps_df.columns:
-        gpu_evidence = GpuEvidence(gpu_df, _StepTimes(steps_df, grid), config)
+    if gpu is not None and "ts" in steps_df.columns:
+        # Telemetry is read only if a rank is slow to compute, and only its rows and peers'.
+        gpu_columns = [c for c in _GPU_COLUMNS if c in _schema(gpu)]
+        gpu_evidence = GpuEvidence(
+            gpu.lazy().select(gpu_columns), _StepTimes(steps_df, grid), config, ranks=grid.ranks
+        )
     stragglers = straggler_findings(
         StragglerInput(
             job_id=job_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -85,7 +86,9 @@ class Grid:
         if self.flat is None:
             v32 = v.astype(np.float32, copy=False)
             if self.transposed:
-                return np.ascontiguousarray(v32.reshape(self.shape[::-1]).T)
+                # A column-major view, not a copy: a rank's steps stay contiguous, and
+                # elementwise work over the matrix runs as fast either way.
+                return v32.reshape(self.shape[::-1]).T
             return v32.reshape(self.shape)
         out = np.full(self.shape[0] * self.shape[1], np.nan, dtype=np.float32)
         out[self.flat] = v
@@ -143,9 +146,9 @@ def column_sample(x: Matrix, limit: int = 256) -> Matrix:
 
 def robust_sigma(residuals: Matrix) -> float:
     """Noise sigma of residuals from their median absolute value (a subsample when large)."""
-    flat = residuals.ravel()
-    stride = max(1, flat.size // _SIGMA_SAMPLE)
-    sample = np.abs(flat[::stride])
+    # Every k-th step of every k-th rank: a strided view, whatever the matrix's layout.
+    k = max(1, math.isqrt(residuals.size // _SIGMA_SAMPLE))
+    sample = np.abs(residuals[::k, ::k]).ravel()
     sample = sample[np.isfinite(sample)]
     if sample.size == 0:
         return 0.0

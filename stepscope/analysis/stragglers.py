@@ -102,7 +102,7 @@ def channel_episodes(
     if num_steps < need or x.shape[1] < 2:
         return []
     if median is None:
-        median = rank_median(x)
+        median = rank_median(column_sample(x))
     residual = x - median[:, None]
     sigma = robust_sigma(residual)
     threshold = np.maximum(config.min_effect * reference_step_s, config.noise_floor_sigmas * sigma)
@@ -290,7 +290,7 @@ def _typical_step_s(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             sync_s = nanmedian(np.nanmin(wait, axis=1))
-    ready_s = nanmedian(rank_median(column_sample(data.step_s[span] - wait)))
+    ready_s = nanmedian(rank_median(column_sample(data.step_s[span]) - column_sample(wait)))
     return ready_s + sync_s, True
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from numpy.typing import NDArray
 
 from stepscope.analysis.config import AnalysisConfig
 
@@ -27,22 +28,25 @@ class GpuEvidence:
 
     def __init__(
         self,
-        gpu: pl.DataFrame,
+        gpu: pl.DataFrame | pl.LazyFrame,
         times: Callable[[StepWindow], tuple[float, float] | None],
         config: AnalysisConfig,
+        *,
+        ranks: NDArray[np.int64],
     ) -> None:
+        """`gpu` holds GPU samples (read only when asked), `ranks` the job's sorted ranks."""
         self._gpu = gpu
         self._times = times
         self._config = config
+        self._ranks = ranks
 
     def __call__(self, windows: list[StepWindow]) -> list[dict[str, Any]]:
         """For each window: medians of clock, power, temperature, share of slowed samples."""
         if not windows:
             return []
-        ranks = np.sort(self._gpu["rank"].unique().to_numpy())
-        peers = ranks[:: max(1, ranks.size // _MAX_PEERS)].tolist()
+        peers = self._ranks[:: max(1, self._ranks.size // _MAX_PEERS)].tolist()
         wanted = sorted({*peers, *(w[0] for w in windows)})
-        rows = self._gpu.filter(pl.col("rank").is_in(wanted))
+        rows = self._gpu.lazy().filter(pl.col("rank").is_in(wanted)).collect()
         return [self._one(rows, w) for w in windows]
 
     def _one(self, rows: pl.DataFrame, window: StepWindow) -> dict[str, Any]:
