@@ -8,6 +8,7 @@ and a failure to record never stops the collective from running.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -65,45 +66,46 @@ def group_size_of(group: Any) -> int:
         return 0
 
 
-def make_ddp_hook(
-    *, clock: Clock, record: Record, all_reduce: Callable[..., Any]
-) -> Callable[..., Any]:
-    """A DDP comm hook doing what the default all-reduce hook does, timing each bucket."""
+def make_ddp_hook(*, clock: Clock, record: Record) -> Callable[..., Any]:
+    """A DDP comm hook doing what DDP does without one, timing each bucket.
 
-    sizes: dict[int, int] = {}
+    It scales the bucket by 1/world size and all-reduces it (sum) through the process
+    group's own C++ `allreduce`, as DDP's built-in path does: `dist.all_reduce` would add
+    Python overhead per bucket, and pass through stepscope's wrapper of it (timing the
+    bucket twice). Multiplying by the reciprocal matches DDP's hook-less arithmetic and
+    costs half a division. One future callback per bucket stamps its completion.
+    """
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.asyncOp = True
+    group_sizes: dict[int, int] = {}
+    mark = clock.mark
 
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        tensor = bucket.buffer()
         group = process_group if process_group is not None else dist.group.WORLD
-        size = sizes.get(id(group))
+        size = group_sizes.get(id(group))
         if size is None:
-            size = sizes[id(group)] = group_size_of(group)
-        call: CollectiveCall | None = None
+            size = group_sizes[id(group)] = group_size_of(group)
+        tensor = bucket.buffer()
+        call: CollectiveCall | None
         try:
             call = CollectiveCall(
                 op="all_reduce",
                 group_size=size,
                 num_bytes=tensor.numel() * tensor.element_size(),
-                start=clock.mark(),
+                start=mark(),
                 ddp_bucket=True,
             )
             record(call)
         except Exception:
             log.debug("stepscope could not time a DDP bucket", exc_info=True)
             call = None
-        # Divide first (as the default hook does) to avoid overflow in low precision.
-        tensor.div_(size)
-        future = all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
-            if call is not None:
-                try:
-                    call.end = clock.mark()
-                except Exception:
-                    log.debug("stepscope could not time a DDP bucket", exc_info=True)
-            return fut.value()[0]
-
-        return future.then(done)
+        if size > 1:
+            tensor.mul_(1.0 / size)
+        # Gloo and NCCL reduce complex tensors as pairs of reals, as dist.all_reduce does.
+        data = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+        future = group.allreduce([data], opts).get_future()
+        return future.then(functools.partial(_bucket_done, call, mark, tensor))
 
     # DDP checks these annotations; with postponed evaluation they would be strings.
     hook.__annotations__ = {
@@ -112,6 +114,22 @@ def make_ddp_hook(
         "return": torch.futures.Future[torch.Tensor],
     }
     return hook
+
+
+def _bucket_done(
+    call: CollectiveCall | None,
+    mark: Callable[[], Mark],
+    tensor: torch.Tensor,
+    future: torch.futures.Future[Any],
+) -> torch.Tensor:
+    """Stamp a bucket's completion; return the reduced bucket (re-raising a failed collective)."""
+    future.value()
+    if call is not None:
+        try:
+            call.end = mark()
+        except Exception:
+            log.debug("stepscope could not time a DDP bucket", exc_info=True)
+    return tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +177,6 @@ class CollectivePatch:
         self._originals: dict[str, Callable[..., Any]] = {}
         self._local = threading.local()
         self.enabled = True
-
-    def original(self, name: str) -> Callable[..., Any]:
-        """The unwrapped torch.distributed function (also when not installed)."""
-        return self._originals.get(name) or getattr(dist, name)
 
     def install(self) -> None:
         for name, spec in SPECS.items():

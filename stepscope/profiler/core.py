@@ -233,8 +233,7 @@ class ActiveProfiler(Profiler):
             return
         if id(model) in self._watched:
             return
-        all_reduce = self._patch.original("all_reduce") if self._patch else dist.all_reduce
-        hook = make_ddp_hook(clock=self._clock, record=self._record_call, all_reduce=all_reduce)
+        hook = make_ddp_hook(clock=self._clock, record=self._record_call)
         try:
             model.register_comm_hook(model.process_group, hook)
         except RuntimeError as exc:  # e.g. the user registered a hook of their own
