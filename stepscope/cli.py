@@ -267,12 +267,13 @@ def analyze(
 
     from stepscope.analysis import analyze as run_analysis
 
-    def read(path: Path | None) -> pl.DataFrame | None:
+    def read(path: Path | None) -> pl.LazyFrame | None:
+        # Lazy: the analysis reads only the columns it uses, and GPU samples only if needed.
         if path is None:
             return None
-        if not path.exists():
+        if not path.is_file():
             raise fail(f"no such file: {path}")
-        return pl.read_csv(path) if path.suffix == ".csv" else pl.read_parquet(path)
+        return pl.scan_csv(path) if path.suffix == ".csv" else pl.scan_parquet(path)
 
     steps = read(steps_file)
     assert steps is not None
