@@ -76,13 +76,13 @@ def make_ddp_hook(*, clock: Clock, record: Record) -> Callable[..., Any]:
     costs half a division. One future callback per bucket stamps its completion.
     """
     opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
     opts.asyncOp = True
     group_sizes: dict[int, int] = {}
     mark = clock.mark
 
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        group = process_group if process_group is not None else dist.group.WORLD
+        group: Any = process_group if process_group is not None else dist.group.WORLD
         size = group_sizes.get(id(group))
         if size is None:
             size = group_sizes[id(group)] = group_size_of(group)
