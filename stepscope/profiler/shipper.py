@@ -62,6 +62,8 @@ class ShipperStats:
     num_retries: int = 0
     num_rejected_batches: int = 0
     num_spilled_batches: int = 0
+    thread_cpu_s: float = 0.0
+    """CPU seconds the shipper thread used; set when it stops."""
 
 
 class _SendError(Exception):
@@ -175,6 +177,7 @@ class Shipper:
         except Exception:  # a shipper bug must not take the process down
             log.exception("stepscope shipper stopped after an internal error")
         finally:
+            self.stats.thread_cpu_s = time.thread_time()
             self._left_unsent = bool(self._pending) or any(self._buffers.values())
             self._spill_all_pending()
             for kind, buffer in self._buffers.items():

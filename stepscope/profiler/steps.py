@@ -55,32 +55,38 @@ class StepRecord:
 
     def to_rows(self, clock: Clock) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The steps row and the collectives rows of this step; unresolved marks are skipped."""
+        # Runs once per step on the training thread: plain loops, no helper calls per value.
+        ready = clock.is_ready
+        between = clock.seconds_between
         row: dict[str, Any] = {
             "step": self.step,
             "ts": round(self.ts, _TS_DIGITS),
-            "step_s": _r(self.step_s),
-            "data_s": _r(self.data_s),
+            "step_s": round(self.step_s, _DURATION_DIGITS),
+            "data_s": round(self.data_s, _DURATION_DIGITS),
         }
         for name, spans in self.sections.items():
-            total_s = sum(clock.seconds_between(a, b) for a, b in spans if clock.is_ready(b))
+            total_s = 0.0
+            for start, end in spans:
+                if ready(end):
+                    total_s += between(start, end)
             column = SECTION_COLUMNS.get(name)
             if column is not None:
-                row[column] = _r(total_s)
+                row[column] = round(total_s, _DURATION_DIGITS)
             else:
-                self.custom[f"{name}_s"] = _r(total_s)
-        done = [c for c in self.calls if c.end is not None and clock.is_ready(c.end)]
-        comm_wait_s: float | None = None
+                self.custom[f"{name}_s"] = round(total_s, _DURATION_DIGITS)
+        comm_wait_s = 0.0
+        done: list[CollectiveCall] = []
+        if self.calls:
+            done = [c for c in self.calls if c.end is not None and ready(c.end)]
         if done:
-            spans_s = [
-                (clock.seconds_between(self.base, c.start), clock.seconds_between(self.base, c.end))
-                for c in done
-            ]
-            row["comm_s"] = _r(union_s(spans_s))
+            spans_s = [(between(self.base, c.start), between(self.base, c.end)) for c in done]
+            row["comm_s"] = round(union_s(spans_s), _DURATION_DIGITS)
             comm_wait_s = _comm_wait_s(done, spans_s)
-            row["comm_wait_s"] = _r(comm_wait_s)
-        row["compute_s"] = _r(max(0.0, self.step_s - self.data_s - (comm_wait_s or 0.0)))
+            row["comm_wait_s"] = round(comm_wait_s, _DURATION_DIGITS)
+        compute_s = max(0.0, self.step_s - self.data_s - comm_wait_s)
+        row["compute_s"] = round(compute_s, _DURATION_DIGITS)
         row.update(self.values)
-        return row, _collective_rows(self.step, done, clock)
+        return row, _collective_rows(self.step, done, clock) if done else []
 
 
 def _comm_wait_s(calls: list[CollectiveCall], spans_s: list[tuple[float, float]]) -> float:
