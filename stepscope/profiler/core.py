@@ -40,6 +40,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
 _MAX_UNRESOLVED_STEPS = 64
+_MAX_CALLS_OUTSIDE_STEPS = 10_000
+"""Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
 
 def _fail_open(default: Any = None) -> Callable[[F], F]:
@@ -387,7 +389,7 @@ class ActiveProfiler(Profiler):
         self._pre_data_s += end - start
 
     def _record_call(self, call: CollectiveCall) -> None:
-        if not self._broken:
+        if not self._broken and len(self._calls) < _MAX_CALLS_OUTSIDE_STEPS:
             self._calls.append(call)
 
     # ---- off the hot path ----------------------------------------------------------------
