@@ -89,8 +89,13 @@ class MLP(nn.Module):
         h = self.first(x)
         if self.backward_delay_s and h.requires_grad:
             delay_s = self.backward_delay_s
-            # Sleeps in the middle of backward: the gradients of `first` come late.
-            h.register_hook(lambda grad: (time.sleep(delay_s), grad)[1])
+
+            def sleep_then_pass(grad: torch.Tensor) -> torch.Tensor:
+                # Sleeps in the middle of backward: the gradients of `first` come late.
+                time.sleep(delay_s)
+                return grad
+
+            h.register_hook(sleep_then_pass)
         return self.head(self.second(h))
 
 
