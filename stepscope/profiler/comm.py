@@ -72,8 +72,9 @@ def make_ddp_hook(*, clock: Clock, record: Record) -> Callable[..., Any]:
     It scales the bucket by 1/world size and all-reduces it (sum) through the process
     group's own C++ `allreduce`, as DDP's built-in path does: `dist.all_reduce` would add
     Python overhead per bucket, and pass through stepscope's wrapper of it (timing the
-    bucket twice). Multiplying by the reciprocal matches DDP's hook-less arithmetic and
-    costs half a division. One future callback per bucket stamps its completion.
+    bucket twice). Multiplying by the reciprocal is DDP's own hook-less arithmetic
+    (bit-identical gradients) and runs about twice as fast as a division on CPU. One future
+    callback per bucket stamps its completion.
     """
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
