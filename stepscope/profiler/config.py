@@ -51,8 +51,10 @@ class Config:
     peak_flops: float | None = None
     """Peak FLOP/s of one device; looked up from the device name when not given."""
 
-    flush_interval_s: float = 2.0
-    """How often the shipper sends buffered records, in seconds."""
+    flush_interval_s: float | None = None
+    """How often the shipper sends buffered records, in seconds. None: 2 s, lengthened on
+    jobs of more than 512 ranks (world_size / 256 s, at most 30 s) so that the collector gets
+    about 256 batches/s from a job of any size."""
 
     gpu_interval_s: float = 1.0
     """GPU telemetry sampling interval, in seconds."""
@@ -86,7 +88,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name in ("flush_interval_s", "gpu_interval_s", "http_timeout_s", "backoff_max_s"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.close_timeout_s < 0:
             raise ValueError("close_timeout_s must be >= 0")
@@ -103,6 +105,11 @@ class Config:
     @property
     def enabled(self) -> bool:
         return not self.disabled and bool(self.url)
+
+
+def default_flush_interval_s(world_size: int) -> float:
+    """2 s, or world_size / 256 s on large jobs (at most 30 s)."""
+    return min(30.0, max(2.0, world_size / 256))
 
 
 def _parse_bool(text: str) -> bool:
@@ -123,7 +130,7 @@ def _parse_env(name: str, text: str) -> Any:
         return _parse_bool(text)
     if name in ("tokens_per_step", "samples_per_step") or isinstance(default, int):
         return int(text)
-    if name == "peak_flops" or isinstance(default, float):
+    if name in ("peak_flops", "flush_interval_s") or isinstance(default, float):
         return float(text)
     return text
 

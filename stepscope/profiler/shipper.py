@@ -23,7 +23,7 @@ from typing import Any
 
 from stepscope.schema import COLLECTIVES, GPU, STEPS, WIRE_SCHEMA_VERSION
 
-from .config import Config
+from .config import Config, default_flush_interval_s
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,9 @@ class Shipper:
     ) -> None:
         assert config.url is not None
         self._config = config
+        self._flush_interval_s = config.flush_interval_s or default_flush_interval_s(
+            int(job.get("world_size") or 1)
+        )
         self._endpoint = config.url.rstrip("/") + "/v1/ingest"
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if config.token:
@@ -169,7 +172,8 @@ class Shipper:
                 if self._pending:
                     wait_s = self._retry_at - now
                 else:
-                    wait_s = self._config.flush_interval_s
+                    # Jitter keeps the ranks of a large job from posting in lockstep.
+                    wait_s = self._flush_interval_s * random.uniform(0.9, 1.1)
                 if stopping:
                     wait_s = min(wait_s, self._deadline - now)
                 self._wake.wait(max(wait_s, 0.0))
@@ -276,7 +280,7 @@ class Shipper:
         if self._last_error is None:
             log.warning("stepscope collector unreachable (%s); will retry", error)
         self._last_error = error
-        base_s = min(self._config.flush_interval_s, 0.5)
+        base_s = min(self._flush_interval_s, 0.5)
         self._backoff_s = min(max(self._backoff_s * 2.0, base_s), self._config.backoff_max_s)
         # Full jitter keeps thousands of ranks from retrying in lockstep.
         self._retry_at = time.monotonic() + random.uniform(0.5, 1.0) * self._backoff_s

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.profiler.config import Config, build_config, detect_env
+from stepscope.profiler.config import Config, build_config, default_flush_interval_s, detect_env
 
 
 def test_env_vars_fill_every_kind_of_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,3 +99,9 @@ def test_torchrun_without_run_id_and_a_single_process() -> None:
     env = detect_env({"TORCHELASTIC_RUN_ID": "none"})
     assert (env.rank, env.local_rank, env.world_size, env.node_rank) == (0, 0, 1, None)
     assert env.job_id is None
+
+
+def test_default_flush_interval_grows_with_world_size() -> None:
+    assert Config().flush_interval_s is None
+    sizes = (1, 512, 1024, 4096, 65536)
+    assert [default_flush_interval_s(n) for n in sizes] == [2.0, 2.0, 4.0, 16.0, 30.0]
