@@ -26,7 +26,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     analyzer = BackgroundAnalyzer(
         engine, interval_s=settings.analyze_interval_s, active_within_s=settings.active_within_s
     )
-
     writer = BatchWriter(engine)
 
     @asynccontextmanager

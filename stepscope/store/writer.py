@@ -1,4 +1,8 @@
-"""Bulk writes: one transaction per batch; SQLite executemany, PostgreSQL binary COPY."""
+"""Bulk writes of wire batches: SQLite executemany, PostgreSQL binary COPY.
+
+Batches arriving together are committed in one transaction (group commit), each batch
+still stored whole or not at all; rows whose natural key is already stored are skipped.
+"""
 
 from __future__ import annotations
 
