@@ -83,11 +83,10 @@ _MUTABLE_JOB_COLUMNS = (
 )
 
 # Plain SQL that SQLite (>= 3.24) and PostgreSQL both accept; built once, executed per batch.
-_CLAIM_BATCH = sa.text(
-    "INSERT INTO ingest_batches (job_id, rank, incarnation, seq, received_at, num_steps, "
-    "num_collectives, num_gpu, num_events) VALUES (:job_id, :rank, :incarnation, :seq, :now, "
-    ":steps, :collectives, :gpu, :events) ON CONFLICT DO NOTHING RETURNING seq"
-)
+_CLAIM_COLUMNS = "job_id, rank, incarnation, seq, received_at, num_steps, num_collectives, "
+_CLAIM_COLUMNS += "num_gpu, num_events"
+_CLAIM_CHUNK = 1000
+"""Batches claimed per statement (SQLite allows 32766 parameters)."""
 _STORED_COUNTS = sa.text(
     "SELECT num_steps, num_collectives, num_gpu, num_events FROM ingest_batches "
     "WHERE job_id = :job_id AND rank = :rank AND incarnation = :incarnation AND seq = :seq"
@@ -118,13 +117,9 @@ class _Pending:
     future: Future[WriteResult] = field(default_factory=Future)
 
     @property
-    def key(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job["job_id"],
-            "rank": self.source["rank"],
-            "incarnation": self.source["incarnation"],
-            "seq": self.seq,
-        }
+    def key(self) -> tuple[str, int, str, int]:
+        """The idempotency key (job_id, rank, incarnation, seq)."""
+        return (self.job["job_id"], self.source["rank"], self.source["incarnation"], self.seq)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -208,19 +203,21 @@ class BatchWriter:
         results: list[WriteResult] = []
         fresh: list[_Pending] = []
         with self.engine.begin() as conn:
+            claimed = _claim(conn, group, now)
             for pending in group:
-                claim = {**pending.key, **pending.counts, "now": now}
-                if conn.execute(_CLAIM_BATCH, claim).first() is None:
-                    stored = conn.execute(_STORED_COUNTS, pending.key).one()
-                    counts = dict(zip(tables.RECORD_TABLES, stored, strict=True))
-                    results.append(WriteResult(accepted=counts, duplicate=True))
-                else:
+                if pending.key in claimed:
+                    claimed.discard(pending.key)  # a second copy in the same group is a duplicate
                     results.append(WriteResult(accepted=pending.counts, duplicate=False))
                     fresh.append(pending)
+                    continue
+                key = dict(zip(("job_id", "rank", "incarnation", "seq"), pending.key, strict=True))
+                stored = conn.execute(_STORED_COUNTS, key).one()
+                counts = dict(zip(tables.RECORD_TABLES, stored, strict=True))
+                results.append(WriteResult(accepted=counts, duplicate=True))
             if not fresh:
                 return results
-            conn.execute(_UPSERT_JOB, [_job_params(p, now) for p in fresh])
-            conn.execute(_UPSERT_RANK, [_rank_params(p, now) for p in fresh])
+            conn.execute(_UPSERT_JOB, _job_params(fresh, now))
+            conn.execute(_UPSERT_RANK, _rank_params(fresh, now))
             for name, table in tables.RECORD_TABLES.items():
                 merged = _concat([p.sections[name] for p in fresh if name in p.sections])
                 if merged:
@@ -228,27 +225,56 @@ class BatchWriter:
         return results
 
 
-def _job_params(pending: _Pending, now: float) -> dict[str, Any]:
-    job, steps = pending.job, pending.sections.get("steps")
-    return {
-        "job_id": job["job_id"],
-        "status": job.get("status"),
-        "started_at": job.get("started_at") or (min(steps["ts"]) if steps else now),
-        **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
-    }
+def _claim(conn: sa.Connection, group: list[_Pending], now: float) -> set[tuple[Any, ...]]:
+    """Record the idempotency keys of a group; the keys that were not stored before."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    row = "(" + ", ".join([mark] * 9) + ")"
+    claimed: set[tuple[Any, ...]] = set()
+    for start in range(0, len(group), _CLAIM_CHUNK):
+        chunk = group[start : start + _CLAIM_CHUNK]
+        params = tuple(v for p in chunk for v in (*p.key, now, *p.counts.values()))
+        result = conn.exec_driver_sql(
+            f"INSERT INTO ingest_batches ({_CLAIM_COLUMNS}) VALUES {', '.join([row] * len(chunk))} "
+            "ON CONFLICT DO NOTHING RETURNING job_id, rank, incarnation, seq",
+            params,
+        )
+        claimed.update(tuple(r) for r in result)
+    return claimed
 
 
-def _rank_params(pending: _Pending, now: float) -> dict[str, Any]:
-    source = pending.source
-    return {
-        "job_id": pending.job["job_id"],
-        "rank": source["rank"],
-        "local_rank": source.get("local_rank"),
-        "node": source.get("node"),
-        "pid": source.get("pid"),
-        "incarnation": source["incarnation"],
-        "now": now,
+def _job_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
+    """One upsert per job: later batches' non-null fields win, as if applied in order."""
+    by_job: dict[str, dict[str, Any]] = {}
+    for pending in fresh:
+        job, steps = pending.job, pending.sections.get("steps")
+        params = {
+            "job_id": job["job_id"],
+            "status": job.get("status"),
+            "started_at": job.get("started_at") or (min(steps["ts"]) if steps else now),
+            **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
+        }
+        merged = by_job.setdefault(job["job_id"], params)
+        if merged is not params:
+            merged["started_at"] = min(merged["started_at"], params["started_at"])
+            merged.update((k, v) for k, v in params.items() if v is not None and k != "started_at")
+    return list(by_job.values())
+
+
+def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
+    """One upsert per (job, rank), from its latest batch in the group."""
+    by_rank = {
+        (p.job["job_id"], p.source["rank"]): {
+            "job_id": p.job["job_id"],
+            "rank": p.source["rank"],
+            "local_rank": p.source.get("local_rank"),
+            "node": p.source.get("node"),
+            "pid": p.source.get("pid"),
+            "incarnation": p.source["incarnation"],
+            "now": now,
+        }
+        for p in fresh
     }
+    return list(by_rank.values())
 
 
 def _concat(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
