@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,10 @@ _ALLOWED_TYPES: dict[schema.Dtype, frozenset[type]] = {
     "float": frozenset({float, int, _NONE}),
 }
 _COLUMNAR_SECTIONS = {"steps": schema.STEPS, "collectives": schema.COLLECTIVES, "gpu": schema.GPU}
+_WIRE_COLUMNS = {
+    t.name: {c.name: c for c in t.wire_columns}
+    for t in (schema.STEPS, schema.COLLECTIVES, schema.GPU)
+}
 _TOP_LEVEL = {"schema", "job", "source", "seq", "events", *_COLUMNAR_SECTIONS}
 _JOB_FIELDS = {c.name: c.dtype for c in schema.JOBS.columns}
 _SOURCE_FIELDS: dict[str, schema.Dtype] = {
@@ -103,6 +108,36 @@ def _check_object(
         _check_scalar(f"{where}.{name}", obj.get(name), dtype, required=name in required)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_NUMPY_FROM_VALUES = 256
+"""Columns this long are checked with numpy; shorter ones faster in plain Python."""
+
+
+def _numbers_ok(spec: schema.Column, present: list[Any]) -> str | None:
+    """What is wrong with the non-null numbers of a column, or None."""
+    if not present:
+        return None
+    non_negative = spec.unit in ("s", "bytes") and spec.name != "ts"
+    if len(present) < _NUMPY_FROM_VALUES:
+        low, high = min(present), max(present)
+        if spec.dtype == "int" and (low < _INT64_MIN or high > _INT64_MAX):
+            return "holds an integer out of the 64-bit range"
+        try:
+            finite = spec.dtype == "int" or all(map(math.isfinite, present))
+        except OverflowError:
+            return "holds a number out of the float range"
+        if not finite:
+            return "must hold finite numbers"
+        return "must not be negative" if non_negative and low < 0 else None
+    try:
+        array = np.array(present, dtype=np.float64 if spec.dtype == "float" else np.int64)
+    except OverflowError:
+        return "holds a number out of the 64-bit range"
+    if spec.dtype == "float" and not np.isfinite(array).all():
+        return "must hold finite numbers"
+    return "must not be negative" if non_negative and (array < 0).any() else None
+
+
 def _column(section: str, spec: schema.Column, values: Any) -> list[Any]:
     """The values of one column after its type and value rules, or BatchError naming it."""
     where = f"{section}.{spec.name}"
@@ -117,19 +152,12 @@ def _column(section: str, spec: schema.Column, values: Any) -> list[Any]:
         raise BatchError(f"{where} must not contain null")
     if spec.dtype == "str":
         return values
-    present = [v for v in values if v is not None] if has_null else values
-    try:
-        array = np.array(present, dtype=np.float64 if spec.dtype == "float" else np.int64)
-    except OverflowError:
-        raise BatchError(f"{where} holds an integer out of the 64-bit range") from None
-    if spec.dtype == "float" and not np.isfinite(array).all():
-        raise BatchError(f"{where} must hold finite numbers")
-    if spec.unit in ("s", "bytes") and spec.name != "ts" and (array < 0).any():
-        raise BatchError(f"{where} must not be negative")
+    problem = _numbers_ok(spec, [v for v in values if v is not None] if has_null else values)
+    if problem:
+        raise BatchError(f"{where} {problem}")
     if spec.dtype == "float" and int in types:
         # Store floats as floats (PostgreSQL's binary COPY is typed).
-        floats = iter(array.tolist())
-        return [next(floats) if v is not None else None for v in values]
+        return [None if v is None else float(v) for v in values]
     return values
 
 
@@ -138,7 +166,7 @@ def _columnar(section: str, table: schema.Table, payload: Any) -> Columns | None
         raise BatchError(f"{section} must be an object of columns")
     if not payload:
         return None
-    wire = {c.name: c for c in table.wire_columns}
+    wire = _WIRE_COLUMNS[table.name]
     unknown = set(payload) - set(wire)
     if unknown:
         raise BatchError(f"{section} has unknown column(s): {', '.join(sorted(unknown))}")
