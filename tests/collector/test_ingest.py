@@ -120,15 +120,9 @@ def test_batch_round_trips_with_every_column(server: RunningServer) -> None:
     assert {r["rank"] for r in steps} == {1}
     assert [r["step_s"] for r in steps] == [0.5, 0.52, 0.51]
     assert [r["comm_wait_s"] for r in steps] == [0.03, 0.04, None]
-    assert (
-        steps[0]["mem_peak_bytes"] == 2**34
-    )
-    assert (
-        steps[0]["flops"] == 1.2e15
-    )
-    assert (
-        steps[0]["h2d_s"] is None
-    )
+    assert steps[0]["mem_peak_bytes"] == 2**34
+    assert steps[0]["flops"] == 1.2e15
+    assert steps[0]["h2d_s"] is None
     coll = read_rows(server.db_url, "collectives", "job-a")
     assert sorted((r["step"], r["op"], r["bytes"], r["busy_s"]) for r in coll) == [
         (10, "all_reduce", 400_000_000, 0.15),
