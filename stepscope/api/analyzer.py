@@ -38,6 +38,8 @@ class BackgroundAnalyzer:
         self._active_within_s = active_within_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._analyzed_at: dict[str, float] = {}
+        """Job → arrival time of the newest batch its stored findings account for."""
 
     def start(self) -> None:
         if self._interval_s <= 0:
@@ -51,14 +53,18 @@ class BackgroundAnalyzer:
             self._thread.join(timeout=10)
 
     def run_once(self) -> int:
-        """Analyse every active job once; the number of jobs analysed."""
-        job_ids = queries.active_job_ids(self._engine, seen_within_s=self._active_within_s)
-        for job_id in job_ids:
+        """Analyse each active job that received data since its last analysis; how many."""
+        active = queries.active_jobs(self._engine, seen_within_s=self._active_within_s)
+        stale = {j: t for j, t in active.items() if t > self._analyzed_at.get(j, -1.0)}
+        for job_id, last_seen in stale.items():
             try:
                 analyze_stored_job(self._engine, job_id)
             except Exception:
                 log.exception("analysis of job %s failed", job_id)
-        return len(job_ids)
+            self._analyzed_at[job_id] = last_seen
+        for job_id in set(self._analyzed_at) - set(active):
+            del self._analyzed_at[job_id]
+        return len(stale)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

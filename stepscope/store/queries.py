@@ -68,12 +68,16 @@ def load_job_frames(engine: sa.Engine, job_id: str) -> dict[str, pl.DataFrame]:
     return frames
 
 
-def active_job_ids(engine: sa.Engine, *, seen_within_s: float) -> list[str]:
-    """Jobs with a batch received in the last `seen_within_s` seconds."""
-    since = time.time() - seen_within_s
-    query = sa.select(tables.ranks.c.job_id).where(tables.ranks.c.last_seen >= since).distinct()
+def active_jobs(engine: sa.Engine, *, seen_within_s: float) -> dict[str, float]:
+    """Jobs with a batch received in the last `seen_within_s` seconds → when the last arrived."""
+    r = tables.ranks
+    query = (
+        sa.select(r.c.job_id, sa.func.max(r.c.last_seen))
+        .where(r.c.last_seen >= time.time() - seen_within_s)
+        .group_by(r.c.job_id)
+    )
     with engine.connect() as conn:
-        return list(conn.execute(query).scalars())
+        return {job_id: float(last_seen) for job_id, last_seen in conn.execute(query)}
 
 
 def replace_findings(engine: sa.Engine, job_id: str, findings: Iterable[schema.Finding]) -> int:
