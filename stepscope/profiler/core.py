@@ -29,6 +29,7 @@ from stepscope.schema import EVENT_KINDS, STEPS
 from .api import NULL_CONTEXT, Profiler
 from .comm import CollectiveCall, CollectivePatch, make_ddp_hook
 from .config import Config, RunEnv
+from .flops import measure_flops, peak_flops_for
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
@@ -282,10 +283,8 @@ class ActiveProfiler(Profiler):
 
     @_fail_open()
     def measure_flops(self, fn: Callable[[], object]) -> float | None:
-        measure = _flops_module_attr("measure_flops")
-        flops = float(measure(fn)) if measure is not None else _count_flops(fn)
-        self._flops_per_step = flops
-        return flops
+        self._flops_per_step = measure_flops(fn)
+        return self._flops_per_step
 
     def close(self, *, failed: bool = False) -> None:
         if self._closed:
@@ -448,8 +447,7 @@ class ActiveProfiler(Profiler):
             device_name = device_type
         peak_flops = self.config.peak_flops
         if peak_flops is None:
-            peak_for = _flops_module_attr("peak_flops_for")
-            peak_flops = peak_for(device_name) if peak_for is not None else None
+            peak_flops = peak_flops_for(device_name)
         self.shipper.update_job(device_name=device_name, peak_flops=peak_flops)
         if peak_flops is None and self.env.rank == 0:
             self.event(
@@ -532,23 +530,6 @@ def _current_device_type() -> str:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return "cuda"
     return "cpu"
-
-
-def _flops_module_attr(name: str) -> Any:
-    """A function of stepscope.profiler.flops, or None while that module is absent."""
-    try:
-        from . import flops
-    except ImportError:
-        return None
-    return getattr(flops, name, None)
-
-
-def _count_flops(fn: Callable[[], object]) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return float(counter.get_total_flops())
 
 
 def _wait_for(record: StepRecord, clock: Clock, *, timeout_s: float) -> None:
