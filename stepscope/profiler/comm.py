@@ -1,9 +1,18 @@
-"""Collective timing: a DDP communication hook and wrappers around torch.distributed collectives.
+"""Collective timing: DDP's gradient all-reduce and wrappers around torch.distributed collectives.
 
-Both produce `CollectiveCall`s: when the data was ready (hook called / call made), when the
-collective completed (future callback / call returned), how many bytes, and whether the
-rank was blocked for the whole duration. Recording never changes what the collective does,
-and a failure to record never stops the collective from running.
+DDP is timed at one of two levels (Config.comm_timing):
+
+- "step" (`DdpStepTimer`): DDP runs untouched (no comm hook); two autograd-engine callbacks
+  per step stamp when this rank's backward finished computing (its last bucket is ready)
+  and when every bucket is reduced. That gives comm_wait_s exactly, in two Python calls a step.
+- "bucket" (`make_ddp_hook`): a comm hook wrapping DDP's all-reduce stamps each bucket's
+  ready and completion times, adding the in-flight time and per-bucket busy time, at a cost
+  of a Python call and a future callback per bucket.
+
+Both, and the collective wrappers, produce `CollectiveCall`s: when the data was ready, when
+the collective completed, how many bytes, and whether the rank was blocked for the whole
+duration. Recording never changes what the collective does, and a failure to record never
+stops the collective from running.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
 
 from .timer import Clock, Mark
 
@@ -38,7 +48,9 @@ class CollectiveCall:
     blocking: bool = False
     """The caller sat blocked from start to end (a synchronous call)."""
     ddp_bucket: bool = False
-    """A DDP gradient bucket: start is when its gradients were ready."""
+    """DDP gradients: start is when they were ready (a bucket, or the last bucket of a step)."""
+    count: int = 1
+    """Collectives this call stands for (DdpStepTimer: the step's buckets)."""
 
 
 Record = Callable[[CollectiveCall], None]
@@ -131,6 +143,79 @@ def _bucket_done(
         except Exception:
             log.debug("stepscope could not time a DDP bucket", exc_info=True)
     return tensor
+
+
+class DdpStepTimer:
+    """Times a DDP model's gradient all-reduce once per step, without a comm hook.
+
+    A hook on a parameter's gradient fires during backward, before DDP can have marked
+    that parameter (so its last bucket) ready, and queues an autograd-engine callback.
+    Callbacks run when the backward pass has finished, in the order queued: ours runs
+    before the one DDP queues (when its last bucket becomes ready) to wait for the
+    all-reduces and write the gradients, stamping the end of this rank's gradient compute;
+    it queues a second one, which runs after DDP's and stamps the reduced gradients. The
+    step's `CollectiveCall` spans the two: this rank's exposed all-reduce time
+    (comm_wait_s). How long the all-reduces were in flight behind backward is not seen at
+    this level. A backward whose forward did not prepare DDP to reduce (`no_sync()`, or an
+    evaluation forward in between) is not timed.
+    """
+
+    def __init__(self, ddp: Any, *, clock: Clock, record: Record) -> None:
+        self._ddp = ddp
+        self._mark = clock.mark
+        self._record = record
+        self._group_size = group_size_of(ddp.process_group)
+        module_params = getattr(ddp, "_module_parameters", None) or ddp.parameters()
+        params = [p for p in module_params if p.requires_grad]
+        self._num_bytes = sum(tensor_bytes(p) for p in params)
+        self._num_buckets = _bucket_count(ddp, params)
+        self._armed = True
+        self._compute_done: Mark | None = None
+        # Two parameters, in case one is unused in a step: the first hook to fire times it.
+        watched = {id(p): p for p in (params[0], params[-1])} if params else {}
+        self._handles = [p.register_hook(self._gradient_arrived) for p in watched.values()]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _gradient_arrived(self, grad: torch.Tensor) -> None:
+        if self._armed and self._ddp.require_forward_param_sync:
+            self._armed = False
+            Variable._execution_engine.queue_callback(self._gradients_computed)
+
+    def _gradients_computed(self) -> None:
+        self._compute_done = self._mark()
+        Variable._execution_engine.queue_callback(self._gradients_reduced)
+
+    def _gradients_reduced(self) -> None:
+        start, self._compute_done = self._compute_done, None
+        self._armed = True
+        try:
+            self._record(
+                CollectiveCall(
+                    op="all_reduce",
+                    group_size=self._group_size,
+                    num_bytes=self._num_bytes,
+                    start=start,
+                    end=self._mark(),
+                    ddp_bucket=True,
+                    count=self._num_buckets,
+                )
+            )
+        except Exception:
+            log.debug("stepscope could not time a DDP step", exc_info=True)
+
+
+def _bucket_count(ddp: Any, params: list[torch.Tensor]) -> int:
+    """How many buckets DDP all-reduces a step (its bucket caps over the gradients, last first)."""
+    try:
+        limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(ddp.bucket_bytes_cap)]
+        buckets, _ = dist._compute_bucket_assignment_by_size(list(reversed(params)), limits)
+        return max(1, len(buckets))
+    except Exception:  # a private helper: without it, one all-reduce per step is assumed
+        return 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ from typing import Any, Literal
 ENV_PREFIX = "STEPSCOPE_"
 
 FlopsSetting = float | Literal["auto"] | None
+CommTiming = Literal["step", "bucket", "off"]
+COMM_TIMINGS = ("step", "bucket", "off")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,6 +88,13 @@ class Config:
     patch_collectives: bool = True
     """Time explicit torch.distributed collectives by wrapping them while the profiler is active."""
 
+    comm_timing: CommTiming = "step"
+    """How watched DDP models' gradient all-reduces are timed. "step": twice per step, with DDP
+    untouched (comm_wait_s, bytes, bucket count; about 10 us a step). "bucket": a comm hook
+    stamps every bucket, adding comm_s (time in flight behind backward) and per-bucket busy
+    time, for a Python call and a future callback per bucket (about 35 us each on CPU) and
+    one more pass over the gradients. "off": not timed."""
+
     def __post_init__(self) -> None:
         for name in ("flush_interval_s", "gpu_interval_s", "http_timeout_s", "backoff_max_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
@@ -95,6 +104,8 @@ class Config:
         for name in ("max_buffer_rows", "max_batch_rows", "max_pending_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.comm_timing not in COMM_TIMINGS:
+            raise ValueError(f"comm_timing must be one of {', '.join(COMM_TIMINGS)}")
         if isinstance(self.flops_per_step, str) and self.flops_per_step != "auto":
             raise ValueError('flops_per_step must be a number, "auto" or None')
         for name in ("tokens_per_step", "samples_per_step", "flops_per_step", "peak_flops"):

@@ -27,7 +27,7 @@ import stepscope
 from stepscope.schema import EVENT_KINDS, STEPS
 
 from .api import NULL_CONTEXT, Profiler
-from .comm import CollectiveCall, CollectivePatch, make_ddp_hook
+from .comm import CollectiveCall, CollectivePatch, DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv
 from .flops import measure_flops, peak_flops_for
 from .shipper import Shipper
@@ -183,6 +183,7 @@ class ActiveProfiler(Profiler):
         )
         self._flop_counter: Any = None
         self._watched: set[int] = set()
+        self._step_timers: list[DdpStepTimer] = []
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -239,14 +240,20 @@ class ActiveProfiler(Profiler):
         self._set_device(_device_type_of(model))
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return
-        if id(model) in self._watched:
+        timing = self.config.comm_timing
+        if id(model) in self._watched or timing == "off":
             return
-        hook = make_ddp_hook(clock=self._clock, record=self._record_call)
-        try:
-            model.register_comm_hook(model.process_group, hook)
-        except RuntimeError as exc:  # e.g. the user registered a hook of their own
-            self.event("custom", f"stepscope could not time DDP all-reduces: {exc}")
-            return
+        if timing == "step":
+            self._step_timers.append(
+                DdpStepTimer(model, clock=self._clock, record=self._record_call)
+            )
+        else:
+            hook = make_ddp_hook(clock=self._clock, record=self._record_call)
+            try:
+                model.register_comm_hook(model.process_group, hook)
+            except RuntimeError as exc:  # e.g. the user registered a hook of their own
+                self.event("custom", f"stepscope could not time DDP all-reduces: {exc}")
+                return
         self._watched.add(id(model))
 
     @_fail_open()
@@ -306,6 +313,8 @@ class ActiveProfiler(Profiler):
             log.exception("stepscope: error while closing (ignored)")
         if self._patch is not None:
             self._patch.remove()
+        for timer in self._step_timers:
+            timer.remove()
         if self._gpu_sampler is not None:
             try:
                 self._gpu_sampler.stop()

@@ -121,13 +121,13 @@ def _collective_rows(step: int, calls: list[CollectiveCall], clock: Clock) -> li
                 "step": step,
                 "op": call.op,
                 "group_size": call.group_size,
-                "count": 1,
+                "count": call.count,
                 "bytes": call.num_bytes,
                 "busy_s": busy_s,
             }
         else:
             agg["group_size"] = max(agg["group_size"], call.group_size)
-            agg["count"] += 1
+            agg["count"] += call.count
             agg["bytes"] += call.num_bytes
             agg["busy_s"] += busy_s
     for agg in by_op.values():

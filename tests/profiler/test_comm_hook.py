@@ -1,4 +1,5 @@
-"""stepscope's DDP comm hook computes what DDP computes without one, and times every bucket."""
+"""DDP timing: the bucket hook computes what DDP computes without one and times every bucket;
+the step timer records one all-reduce per synchronising backward, with DDP's bucket count."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stepscope.profiler.comm import CollectiveCall, make_ddp_hook
+from stepscope.profiler.comm import CollectiveCall, DdpStepTimer, make_ddp_hook
 from stepscope.profiler.timer import CpuClock
 
 pytestmark = pytest.mark.torchrun
@@ -88,4 +89,83 @@ def test_hooked_ddp_gradients_equal_plain_ddp_and_every_bucket_is_timed() -> Non
         }
         assert len(calls) > NUM_STEPS  # DDP rebuilds its buckets after step 1: two from then on
         assert sum(c[2] for c in calls) == NUM_STEPS * result["model_bytes"]
+        assert result["ordered"]
+
+
+class TwoHeads(nn.Module):
+    """Returns a tuple: the step timer must time one backward through both outputs once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = build_model()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.body(x)
+        return y, 2 * y
+
+
+def time_steps(rank: int, port: int, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    try:
+        timed = DistributedDataParallel(TwoHeads())
+        step_calls: list[CollectiveCall] = []
+        timer = DdpStepTimer(timed, clock=CpuClock(), record=step_calls.append)
+        hooked = DistributedDataParallel(TwoHeads())  # DDP's real buckets, one call each
+        bucket_calls: list[CollectiveCall] = []
+        hooked.register_comm_hook(
+            hooked.process_group, make_ddp_hook(clock=CpuClock(), record=bucket_calls.append)
+        )
+        gen = torch.Generator().manual_seed(rank)
+        per_step: list[tuple[int, int]] = []
+        for step in range(NUM_STEPS + 2):
+            x = torch.randn(16, 64, generator=gen)
+            for model in (timed, hooked):
+                if step == 1:  # gradient accumulation: no all-reduce in this backward
+                    with model.no_sync():
+                        a, b = model(x)
+                        (a + b).square().mean().backward()
+                with torch.no_grad():
+                    model(x)  # an evaluation forward in between times nothing
+                a, b = model(x)
+                (a + b).square().mean().backward()
+            per_step.append((len(step_calls), len(bucket_calls)))
+        timer.remove()
+        timed(x)[0].sum().backward()  # removed: no longer timed
+        queue.put(
+            {
+                "rank": rank,
+                "per_step": per_step,
+                "calls": [
+                    (c.op, c.group_size, c.num_bytes, c.ddp_bucket, c.count) for c in step_calls
+                ],
+                "ordered": all(c.end is not None and c.end >= c.start for c in step_calls),
+                "bucket_bytes": sum(c.num_bytes for c in bucket_calls[-2:]),
+                "num_step_calls": len(step_calls),
+            }
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_timer_records_one_all_reduce_per_synchronising_backward() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=time_steps, args=(r, port, queue)) for r in range(WORLD_SIZE)]
+    for proc in procs:
+        proc.start()
+    results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
+    for proc in procs:
+        proc.join(30)
+    assert [r["rank"] for r in results] == list(range(WORLD_SIZE))
+    for result in results:
+        # One call per synchronising backward; DDP's own buckets: 1 on step 0, 2 once rebuilt.
+        assert result["per_step"] == [(1, 1), (2, 3), (3, 5), (4, 7), (5, 9)]
+        assert result["num_step_calls"] == NUM_STEPS + 2
+        # The count is DDP's bucket count after its rebuild (two here), bytes all gradients.
+        assert set(result["calls"]) == {("all_reduce", WORLD_SIZE, result["bucket_bytes"], True, 2)}
         assert result["ordered"]

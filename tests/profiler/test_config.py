@@ -15,6 +15,7 @@ def test_env_vars_fill_every_kind_of_field(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("STEPSCOPE_FLUSH_INTERVAL_S", "0.5")
     monkeypatch.setenv("STEPSCOPE_ATTRIBUTES", '{"git_sha": "abc"}')
     monkeypatch.setenv("STEPSCOPE_PATCH_COLLECTIVES", "0")
+    monkeypatch.setenv("STEPSCOPE_COMM_TIMING", "bucket")
     config = build_config()
     assert config.url == "http://collector:8000"
     assert config.token == "tok"
@@ -25,6 +26,7 @@ def test_env_vars_fill_every_kind_of_field(monkeypatch: pytest.MonkeyPatch) -> N
     assert config.flush_interval_s == 0.5
     assert config.attributes == {"git_sha": "abc"}
     assert config.patch_collectives is False
+    assert config.comm_timing == "bucket"
     assert config.enabled
 
 
@@ -54,6 +56,7 @@ def test_disabled_without_url_or_when_told(
         ("max_buffer_rows", 0),
         ("flops_per_step", "lots"),
         ("peak_flops", -1.0),
+        ("comm_timing", "sometimes"),
     ],
 )
 def test_bad_values_are_refused(field: str, value: object) -> None:

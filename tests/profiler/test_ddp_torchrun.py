@@ -23,9 +23,12 @@ EXAMPLE = REPO / "examples" / "ddp_train.py"
 WIDTH = 256
 
 
-def torchrun(nproc: int, *args: str, wait: bool = True) -> Any:
-    """Run (or start) the example under torchrun with a clean STEPSCOPE_* environment."""
+def torchrun(
+    nproc: int, *args: str, wait: bool = True, stepscope_env: dict[str, str] | None = None
+) -> Any:
+    """Run (or start) the example under torchrun with only the given STEPSCOPE_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    env.update(stepscope_env or {})
     env["OMP_NUM_THREADS"] = "1"
     cmd = [
         require_torchrun(),
@@ -101,15 +104,19 @@ def test_every_rank_reports_every_step_and_a_data_stall_shows_in_data_s(
     assert [s["steps_sent"] for s in sent] == [num_steps] * 3
 
 
-@pytest.mark.parametrize("phase", ["backward", "forward", "optimizer"])
+@pytest.mark.parametrize(
+    ("phase", "comm_timing"),
+    [("backward", "step"), ("forward", "step"), ("optimizer", "step"), ("backward", "bucket")],
+)
 def test_the_delayed_rank_waits_least_on_collectives(
-    live_server: RunningServer, phase: str
+    live_server: RunningServer, phase: str, comm_timing: str
 ) -> None:
-    job_id, delay_s = f"ddp-{phase}", 0.08
+    job_id, delay_s = f"ddp-{phase}-{comm_timing}", 0.08
     torchrun(
         2,
         *("--url", live_server.url, "--job-id", job_id, "--steps", "14"),
         *("--delay-rank", "1", "--delay-phase", phase, "--delay-s", str(delay_s)),
+        stepscope_env={"STEPSCOPE_COMM_TIMING": comm_timing},
     )
     by_rank = steps_by_rank(live_server.db_url, job_id)
     slow_wait_s = median(by_rank[1], "comm_wait_s")
