@@ -51,7 +51,7 @@ class Profiler:
         return loader
 
     def watch(self, model: Any) -> None:
-        """Time a DistributedDataParallel model's gradient all-reduces (comm_s, comm_wait_s)."""
+        """Time a DistributedDataParallel model's gradient all-reduces (Config.comm_timing)."""
 
     def record(
         self, *, tokens: int | None = None, samples: int | None = None, **custom: Any

@@ -148,16 +148,19 @@ def _bucket_done(
 class DdpStepTimer:
     """Times a DDP model's gradient all-reduce once per step, without a comm hook.
 
-    A hook on a parameter's gradient fires during backward, before DDP can have marked
-    that parameter (so its last bucket) ready, and queues an autograd-engine callback.
-    Callbacks run when the backward pass has finished, in the order queued: ours runs
-    before the one DDP queues (when its last bucket becomes ready) to wait for the
-    all-reduces and write the gradients, stamping the end of this rank's gradient compute;
-    it queues a second one, which runs after DDP's and stamps the reduced gradients. The
-    step's `CollectiveCall` spans the two: this rank's exposed all-reduce time
-    (comm_wait_s). How long the all-reduces were in flight behind backward is not seen at
-    this level. A backward whose forward did not prepare DDP to reduce (`no_sync()`, or an
-    evaluation forward in between) is not timed.
+    A post-accumulate-grad hook on a parameter runs during backward, before DDP's own hook
+    on that parameter (so before DDP can have found its last bucket ready), and queues an
+    autograd-engine callback. Callbacks run when the backward pass has finished, in the
+    order queued: ours runs before the one DDP queues (when its last bucket becomes ready)
+    to wait for the all-reduces and write the gradients, stamping the end of this rank's
+    gradient compute; it queues a second one, which runs after DDP's and stamps the
+    reduced gradients. The step's `CollectiveCall` spans the two: this rank's exposed
+    all-reduce time (comm_wait_s). How long the all-reduces were in flight behind backward
+    is not seen at this level. A backward whose forward did not prepare DDP to reduce
+    (`no_sync()`, or an evaluation forward in between) is not timed.
+
+    The hook takes the parameter, never its gradient: a gradient seen by Python could not
+    be stolen by autograd's accumulation, and would be copied every step.
     """
 
     def __init__(self, ddp: Any, *, clock: Clock, record: Record) -> None:
@@ -173,14 +176,16 @@ class DdpStepTimer:
         self._compute_done: Mark | None = None
         # Two parameters, in case one is unused in a step: the first hook to fire times it.
         watched = {id(p): p for p in (params[0], params[-1])} if params else {}
-        self._handles = [p.register_hook(self._gradient_arrived) for p in watched.values()]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._gradient_arrived) for p in watched.values()
+        ]
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
-    def _gradient_arrived(self, grad: torch.Tensor) -> None:
+    def _gradient_arrived(self, param: torch.Tensor) -> None:
         if self._armed and self._ddp.require_forward_param_sync:
             self._armed = False
             Variable._execution_engine.queue_callback(self._gradients_computed)
