@@ -14,13 +14,19 @@ Two gloo ranks (torch.multiprocessing, one torch thread each) hold identical DDP
 Each round runs one segment of every mode on the same batches, in a random order (the
 same on both ranks) so that no mode always follows another. A round's step time of a
 mode is the median of its segment's steps, averaged over the two ranks (they wait for
-each other at every all-reduce, so they are one measurement). Overhead is the median
-over rounds of the paired ratio mode/plain; the IQR of those ratios shows the noise, and
-a bootstrap 95 % interval shows how well the median is known. CPU time per step (median
-paired difference to plain) is far less noisy than wall time and says where the cost is:
-the training thread's, and the whole process's (the shipper thread and gloo's threads
-too; the two ranks share the machine's cores). Wire bytes are the gzipped request bodies
-the collector acknowledged, per rank-step (a local HTTP sink, or a real collector with --url).
+each other at every all-reduce, so they are one measurement). Two phases:
+
+1. Cost per step: a tiny model (a ~0.8 ms step) makes the profiler's fixed per-step cost
+   stand out of the noise: the median over rounds of the paired difference mode - plain,
+   in µs, with a bootstrap 95 % interval.
+2. The ~10 ms step: the median paired ratio mode/plain, its bootstrap 95 % interval and
+   the IQR of the ratios (the wall-time noise of this shared 2-core machine is several %).
+
+The overhead is the cost of phase 1 over the plain step of phase 2; phase 2's direct ratio
+is printed next to it. CPU time per step (median paired difference to plain) says where
+the cost is: the training thread's, and the whole process's (shipper threads and gloo's
+too, whichever mode is running). Wire bytes are the gzipped request bodies the collector
+acknowledged, per rank-step (a local HTTP sink, or a real collector with --url).
 
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/profiler_overhead.py
 """
@@ -84,6 +90,7 @@ class Shape:
     depth: int
     batch: int
     steps: int
+    rounds: int
 
 
 def free_port() -> int:
@@ -191,7 +198,7 @@ def worker(
     cpu_s: dict[str, list[float]] = {mode: [] for mode in MODES}
     process_cpu_s: dict[str, list[float]] = {mode: [] for mode in MODES}
     dist.barrier()
-    for round_index in range(args.warmup_rounds + args.rounds):
+    for round_index in range(args.warmup_rounds + shape.rounds):
         xs = [torch.randn(shape.batch, shape.width, generator=gen) for _ in range(shape.steps)]
         batches = [(x, x.sum(dim=1, keepdim=True)) for x in xs]
         for mode in order_rng.sample(MODES, len(MODES)):
@@ -218,7 +225,6 @@ def worker(
             "steps_sent": stats.num_rows_sent["steps"],
             "rows_sent": dict(stats.num_rows_sent),
             "batches_sent": stats.num_batches_sent,
-            "shipper_cpu_s": stats.thread_cpu_s,
         }
     )
     dist.barrier()
@@ -242,6 +248,19 @@ def hot_path_us(url: str, num_steps: int = 20_000) -> float:
     elapsed_s = time.process_time() - start
     prof.close()
     return elapsed_s / num_steps * 1e6
+
+
+def paced_shipper_us(url: str, *, step_s: float = 0.01, num_steps: int = 600) -> float:
+    """CPU time of the shipper thread per step when steps take `step_s` (its default flush
+    interval then batches 200 steps), µs."""
+    prof = stepscope.init(job_id="bench-paced-shipper", url=url)
+    for _ in range(num_steps):
+        with prof.step():
+            time.sleep(step_s)
+        prof.record(samples=64)
+    prof.close()
+    stats = prof.shipper.stats  # type: ignore[attr-defined]
+    return float(stats.thread_cpu_s) / num_steps * 1e6
 
 
 def median_ci(values: list[float], *, num_resamples: int = 2000) -> tuple[float, float, float]:
@@ -347,9 +366,10 @@ def pct(ratio: float) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=300, help="rounds of each phase")
+    p.add_argument("--rounds", type=int, default=300, help="rounds with the tiny model")
+    p.add_argument("--direct-rounds", type=int, default=150, help="rounds at the ~10 ms step")
     p.add_argument("--warmup-rounds", type=int, default=20)
-    p.add_argument("--steps", type=int, default=5, help="steps per segment at the ~10 ms step")
+    p.add_argument("--steps", type=int, default=20, help="steps per segment at the ~10 ms step")
     p.add_argument("--cost-steps", type=int, default=20, help="steps per segment, tiny model")
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=3)
@@ -364,20 +384,26 @@ def main() -> None:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}"
 
-    tiny = Shape(width=16, depth=1, batch=4, steps=args.cost_steps)
+    tiny = Shape(width=16, depth=1, batch=4, steps=args.cost_steps, rounds=args.rounds)
     cost = Phase(run_ranks(url, args, tiny))
     print(
         f"1. Cost per step: a tiny model (width {tiny.width}, depth {tiny.depth}, batch "
         f"{tiny.batch}) makes the profiler's own time stand out. 2 gloo ranks, 1 torch thread "
-        f"each; {args.rounds} rounds x {len(MODES)} modes x {tiny.steps} steps, random order."
+        f"each; {tiny.rounds} rounds x {len(MODES)} modes x {tiny.steps} steps, random order."
     )
     print_cost_table(cost)
 
-    shape = Shape(width=args.width, depth=args.depth, batch=args.batch, steps=args.steps)
+    shape = Shape(
+        width=args.width,
+        depth=args.depth,
+        batch=args.batch,
+        steps=args.steps,
+        rounds=args.direct_rounds,
+    )
     direct = Phase(run_ranks(url, args, shape))
     print(
         f"\n2. The ~10 ms step (width {shape.width}, depth {shape.depth}, batch {shape.batch}): "
-        f"{args.rounds} rounds x {len(MODES)} modes x {shape.steps} steps, random order."
+        f"{shape.rounds} rounds x {len(MODES)} modes x {shape.steps} steps, random order."
     )
     print_ratio_table(direct)
 
@@ -406,11 +432,10 @@ def main() -> None:
         f"goal <= {GOAL_WIRE_BYTES} B: {'met' if bytes_per_step <= GOAL_WIRE_BYTES else 'NOT met'}"
     )
     print("rows sent:     " + json.dumps([r["rows_sent"] for r in results]))
-    shipper_us = [r["shipper_cpu_s"] / max(r["steps_sent"], 1) * 1e6 for r in results]
+    shipper_us = paced_shipper_us(url)
     print(
-        f"shipper:       {statistics.mean(shipper_us):.1f} us CPU per profiled step in its "
-        f"thread (only a fifth of the steps are profiled, so its per-batch cost is spread "
-        f"over fewer rows than in a real run)"
+        f"shipper:       {shipper_us:.1f} us CPU per step in its own thread at a 10 ms step "
+        f"(batches of 200 steps)"
     )
     hot_us = hot_path_us(url)
     print(
