@@ -4,7 +4,7 @@ DDP is timed at one of two levels (Config.comm_timing):
 
 - "step" (`DdpStepTimer`): DDP runs untouched (no comm hook); two autograd-engine callbacks
   per step stamp when this rank's backward finished computing (its last bucket is ready)
-  and when every bucket is reduced. That gives comm_wait_s exactly, in two Python calls a step.
+  and when every bucket is reduced. That gives comm_wait_s, in three Python calls a step.
 - "bucket" (`make_ddp_hook`): a comm hook wrapping DDP's all-reduce stamps each bucket's
   ready and completion times, adding the in-flight time and per-bucket busy time, at a cost
   of a Python call and a future callback per bucket.
@@ -160,7 +160,10 @@ class DdpStepTimer:
     (`no_sync()`, or an evaluation forward in between) is not timed.
 
     The hook takes the parameter, never its gradient: a gradient seen by Python could not
-    be stolen by autograd's accumulation, and would be copied every step.
+    be stolen by autograd's accumulation, and would be copied every step. On CUDA the
+    engine runs its callbacks on the streams current when backward() was called, synced
+    with the gradients' streams, so the two event marks are the device-side times.
+    The bucket count is estimated from DDP's bucket caps.
     """
 
     def __init__(self, ddp: Any, *, clock: Clock, record: Record) -> None:
@@ -191,12 +194,12 @@ class DdpStepTimer:
             Variable._execution_engine.queue_callback(self._gradients_computed)
 
     def _gradients_computed(self) -> None:
+        self._armed = True  # every hook of this backward has run: ready for the next one
         self._compute_done = self._mark()
         Variable._execution_engine.queue_callback(self._gradients_reduced)
 
     def _gradients_reduced(self) -> None:
         start, self._compute_done = self._compute_done, None
-        self._armed = True
         try:
             self._record(
                 CollectiveCall(
