@@ -8,6 +8,8 @@
    prints the rows.
 3. Measures FLOPs of a bf16 MLP training step with FlopCounterMode and prints MFU against
    peak_flops_for(device name).
+4. Runs the DDP step timer (comm_timing="step") on CUDA with NCCL, one rank: one
+   all-reduce record per step, its comm_wait_s from CUDA events.
 
 Without CUDA it says so and exits 0. It takes about half a minute on an H200.
 """
@@ -154,6 +156,44 @@ def mlp_mfu(torch: Any, dim: int, steps: int) -> None:
         print(f"  peak {peak / 1e12:.0f} TFLOP/s ({name}) -> MFU {achieved:.3f}")
 
 
+def ddp_step_timer(torch: Any, dim: int, steps: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from stepscope.profiler.comm import CollectiveCall, DdpStepTimer
+    from stepscope.profiler.timer import CudaClock
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(dim, dim) for _ in range(4)]).cuda()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        clock = CudaClock()
+        calls: list[CollectiveCall] = []
+        timer = DdpStepTimer(ddp, clock=clock, record=calls.append)
+        x = torch.randn(1024, dim, device="cuda")
+        host_start = time.perf_counter()
+        for _ in range(steps):
+            ddp(x).float().pow(2).mean().backward()
+        host_s = time.perf_counter() - host_start
+        torch.cuda.synchronize()
+        timer.remove()
+        waits_ms = [clock.seconds_between(c.start, c.end) * 1e3 for c in calls]
+        print(f"== DDP step timer on CUDA (NCCL, 1 rank), 4 x Linear({dim}), {steps} steps")
+        print(
+            f"  records {len(calls)} (expected {steps}); buckets {calls[0].count}, "
+            f"bytes {calls[0].num_bytes}; host loop {host_s * 1e3:.1f} ms"
+        )
+        print(
+            f"  comm_wait_s from events: median {statistics.median(waits_ms):.3f} ms, "
+            f"min {min(waits_ms):.3f}, max {max(waits_ms):.3f}"
+        )
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="NVML sampling duration")
@@ -181,6 +221,7 @@ def main() -> int:
     event_vs_sync_timing(torch, args.dim, args.steps)
     nvml_sampling(torch, args.seconds, args.dim)
     mlp_mfu(torch, args.dim, args.steps)
+    ddp_step_timer(torch, args.dim // 2, args.steps)
     return 0
 
 

@@ -92,7 +92,7 @@ class Config:
     """How watched DDP models' gradient all-reduces are timed. "step": twice per step, with DDP
     untouched (comm_wait_s, bytes, bucket count; about 10 us a step). "bucket": a comm hook
     stamps every bucket, adding comm_s (time in flight behind backward) and per-bucket busy
-    time, for a Python call and a future callback per bucket (about 35 us each on CPU) and
+    time, for a Python call and a future callback per bucket (35-50 us each on CPU) and
     one more pass over the gradients. "off": not timed."""
 
     def __post_init__(self) -> None:
