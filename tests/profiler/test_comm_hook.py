@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -67,19 +68,25 @@ def compare(rank: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
-def test_hooked_ddp_gradients_equal_plain_ddp_and_every_bucket_is_timed() -> None:
+def run_ranks(target: Callable[[int, int, Any], None]) -> list[dict[str, Any]]:
+    """Run `target(rank, port, queue)` on WORLD_SIZE processes; what each put, by rank."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=compare, args=(r, port, queue)) for r in range(WORLD_SIZE)]
+    procs = [ctx.Process(target=target, args=(r, port, queue)) for r in range(WORLD_SIZE)]
     for proc in procs:
         proc.start()
     results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
     for proc in procs:
         proc.join(30)
     assert [r["rank"] for r in results] == list(range(WORLD_SIZE))
+    return results
+
+
+def test_hooked_ddp_gradients_equal_plain_ddp_and_every_bucket_is_timed() -> None:
+    results = run_ranks(compare)
     for result in results:
         # Bit-identical: the hook scales by 1/world size as DDP does when it has no hook.
         assert result["identical"]
@@ -150,19 +157,7 @@ def time_steps(rank: int, port: int, queue: Any) -> None:
 
 
 def test_step_timer_records_one_all_reduce_per_synchronising_backward() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=time_steps, args=(r, port, queue)) for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
-    for proc in procs:
-        proc.join(30)
-    assert [r["rank"] for r in results] == list(range(WORLD_SIZE))
-    for result in results:
+    for result in run_ranks(time_steps):
         # One call per synchronising backward; DDP's own buckets: 1 on step 0, 2 once rebuilt.
         assert result["per_step"] == [(1, 1), (2, 3), (3, 5), (4, 7), (5, 9)]
         assert result["num_step_calls"] == NUM_STEPS + 2
