@@ -159,11 +159,10 @@ class DdpStepTimer:
     is not seen at this level. A backward whose forward did not prepare DDP to reduce
     (`no_sync()`, or an evaluation forward in between) is not timed.
 
-    The hook takes the parameter, never its gradient: a gradient seen by Python could not
-    be stolen by autograd's accumulation, and would be copied every step. On CUDA the
+    The hook is handed the parameter, not its gradient, and touches neither. On CUDA the
     engine runs its callbacks on the streams current when backward() was called, synced
-    with the gradients' streams, so the two event marks are the device-side times.
-    The bucket count is estimated from DDP's bucket caps.
+    with the gradients' streams, so the two event marks are the device-side times. The
+    bucket count is estimated from DDP's bucket caps.
     """
 
     def __init__(self, ddp: Any, *, clock: Clock, record: Record) -> None:
