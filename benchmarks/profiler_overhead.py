@@ -41,7 +41,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -328,36 +328,34 @@ class Phase:
         return f"{self.cpu_us(mode, 'cpu_s'):+.0f}, {self.cpu_us(mode, 'process_cpu_s'):+.0f}"
 
 
-def print_cost_table(phase: Phase) -> None:
+def print_table(
+    phase: Phase,
+    *,
+    step_header: str,
+    step: Callable[[str], str],
+    wall_header: str,
+    wall: Callable[[str], str],
+) -> None:
+    """One line per mode: its step time, its wall time against plain, its CPU against plain."""
     print(
-        f"{'mode':15} {'step us':>7}  {'wall us/step vs plain: median [95 % CI]':42} "
+        f"{'mode':15} {step_header:>7}  {wall_header:52} "
         f"{'CPU us/step vs plain: thread, process':>37}"
     )
     for mode in MODES:
-        wall = cpu = ""
-        if mode != "plain":
-            median, low, high = median_ci(phase.wall_us(mode))
-            wall = f"{median:+.1f}  [{low:+.1f} .. {high:+.1f}]"
-            cpu = phase.cpu_columns(mode)
-        print(f"{mode:15} {phase.median_ms(mode) * 1e3:7.0f}  {wall:42} {cpu:>37}   {ABOUT[mode]}")
+        against = ("", "") if mode == "plain" else (wall(mode), phase.cpu_columns(mode))
+        print(f"{mode:15} {step(mode):>7}  {against[0]:52} {against[1]:>37}   {ABOUT[mode]}")
 
 
-def print_ratio_table(phase: Phase) -> None:
-    print(
-        f"{'mode':15} {'step ms':>7}  {'wall vs plain: median [95 % CI; IQR of ratios]':52} "
-        f"{'CPU us/step vs plain: thread, process':>37}"
-    )
-    for mode in MODES:
-        wall = cpu = ""
-        if mode != "plain":
-            ratios = phase.ratios(mode)
-            median, low, high = median_ci(ratios)
-            q1, _, q3 = statistics.quantiles(ratios, n=4)
-            wall = (
-                f"{pct(median)} %  [95 % CI {pct(low)} .. {pct(high)}; IQR {pct(q1)} .. {pct(q3)}]"
-            )
-            cpu = phase.cpu_columns(mode)
-        print(f"{mode:15} {phase.median_ms(mode):7.2f}  {wall:52} {cpu:>37}   {ABOUT[mode]}")
+def cost_text(phase: Phase, mode: str) -> str:
+    median, low, high = median_ci(phase.wall_us(mode))
+    return f"{median:+.1f}  [{low:+.1f} .. {high:+.1f}]"
+
+
+def ratio_text(phase: Phase, mode: str) -> str:
+    ratios = phase.ratios(mode)
+    median, low, high = median_ci(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"{pct(median)} %  [95 % CI {pct(low)} .. {pct(high)}; IQR {pct(q1)} .. {pct(q3)}]"
 
 
 def pct(ratio: float) -> str:
@@ -391,7 +389,13 @@ def main() -> None:
         f"{tiny.batch}) makes the profiler's own time stand out. 2 gloo ranks, 1 torch thread "
         f"each; {tiny.rounds} rounds x {len(MODES)} modes x {tiny.steps} steps, random order."
     )
-    print_cost_table(cost)
+    print_table(
+        cost,
+        step_header="step us",
+        step=lambda mode: f"{cost.median_ms(mode) * 1e3:.0f}",
+        wall_header="wall us/step vs plain: median [95 % CI]",
+        wall=lambda mode: cost_text(cost, mode),
+    )
 
     shape = Shape(
         width=args.width,
@@ -405,7 +409,13 @@ def main() -> None:
         f"\n2. The ~10 ms step (width {shape.width}, depth {shape.depth}, batch {shape.batch}): "
         f"{shape.rounds} rounds x {len(MODES)} modes x {shape.steps} steps, random order."
     )
-    print_ratio_table(direct)
+    print_table(
+        direct,
+        step_header="step ms",
+        step=lambda mode: f"{direct.median_ms(mode):.2f}",
+        wall_header="wall vs plain: median [95 % CI; IQR of ratios]",
+        wall=lambda mode: ratio_text(direct, mode),
+    )
 
     plain_ms = direct.median_ms("plain")
     cost_us, cost_low, cost_high = median_ci(cost.wall_us("profiled"))
