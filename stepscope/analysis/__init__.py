@@ -24,12 +24,21 @@ from stepscope.analysis.config import AnalysisConfig
 from stepscope.analysis.findings import findings_to_frame
 from stepscope.analysis.grid import Grid, Matrix, column_sample, rank_median
 from stepscope.analysis.jobs import dataloader_findings
+from stepscope.analysis.rollups import op_rollup, step_rollup
+from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.stragglers import StragglerInput, straggler_findings
-from stepscope.analysis.telemetry import GpuEvidence
-from stepscope.analysis.throughput import mfu_per_step, throughput_findings
+from stepscope.analysis.telemetry import GpuEvidence, GpuSource
+from stepscope.analysis.throughput import mfu_per_step, rollup_series, series_findings
 from stepscope.schema import COLLECTIVES, Finding
 
-__all__ = ["AnalysisConfig", "analyze", "findings_to_frame", "mfu_per_step"]
+__all__ = [
+    "AnalysisConfig",
+    "analyze",
+    "findings_to_frame",
+    "job_findings",
+    "mfu_per_step",
+    "rank_findings",
+]
 
 _STEP_COLUMNS = (
     "job_id",
@@ -46,7 +55,6 @@ _STEP_COLUMNS = (
     "node",
 )
 _NUMERIC_STEP_COLUMNS = tuple(c for c in _STEP_COLUMNS if c not in ("job_id", "node"))
-_GPU_COLUMNS = ("rank", "ts", "sm_clock_mhz", "power_w", "temp_c", "throttle_reasons")
 _MAX_REFERENCE_RANKS = 256
 
 Frame = pl.DataFrame | pl.LazyFrame
@@ -65,32 +73,100 @@ def analyze(
 
     Frames use the canonical columns (stepscope.schema); lazy frames are read with only the
     columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`.
+    Job-level findings come from the job's rollups, rank-level ones segment by segment
+    (stepscope.analysis.segments), as the server's incremental analysis does.
     """
     config = config or AnalysisConfig()
     job_id = _job_id(steps, job)
     # Strings are the costliest columns to read: a lazy frame's job_id and node are queried
     # on their own, when needed.
     wanted = _STEP_COLUMNS if isinstance(steps, pl.DataFrame) else _NUMERIC_STEP_COLUMNS
-    steps_df = _select(steps, wanted)
+    steps_df = _select(steps, wanted).drop("job_id", "node", strict=False)
     if steps_df.is_empty():
         return []
-    # job_id is checked above: without the column, throughput takes it from `job`.
-    findings = throughput_findings(
-        steps_df.drop("job_id", "node", strict=False),
-        job={**(job or {}), "job_id": job_id},
+    job = {**(job or {}), "job_id": job_id}
+    collectives_df = None
+    if collectives is not None:
+        collectives_df = _select(collectives, tuple(c for c in COLLECTIVES.names if c != "job_id"))
+    if collectives_df is not None and collectives_df.is_empty():
+        collectives_df = None
+    rollup = step_rollup(steps_df)
+    plan = SegmentPlan.of(
+        int(rollup["step"][0]), int(job.get("world_size") or steps_df["rank"].n_unique()), config
+    )
+    findings = job_findings(
+        rollup, None if collectives_df is None else op_rollup(collectives_df), job, plan, config
+    )
+    nodes = _Nodes(steps, ranks)
+    step_parts = _segment_parts(steps_df, plan)
+    collective_parts = {} if collectives_df is None else _segment_parts(collectives_df, plan)
+    per_segment = {
+        k: plan.owned(
+            k,
+            rank_findings(job_id, part, collective_parts.get(k), gpu, nodes=nodes, config=config),
+        )
+        for k, part in step_parts.items()
+    }
+    return _stamped(findings + stitch(plan, per_segment))
+
+
+def job_findings(
+    rollup: pl.DataFrame,
+    op_rollup: pl.DataFrame | None,
+    job: Mapping[str, Any],
+    plan: SegmentPlan,
+    config: AnalysisConfig,
+) -> list[Finding]:
+    """Findings from the job's rollups: throughput/MFU shifts, MFU and peak, slow collectives."""
+    findings = series_findings(
+        rollup_series(rollup),
+        job=job,
         config=config.change_points,
         mfu_low_below=config.mfu_low_below,
     )
+    if op_rollup is not None:
+        findings += slow_collective_findings(str(job["job_id"]), op_rollup, plan.base_step, config)
+    return findings
 
+
+def _segment_parts(rows: pl.DataFrame, plan: SegmentPlan) -> dict[int, pl.DataFrame]:
+    """Each segment's rows (context included) of a frame with a step column."""
+    rows = rows.filter(pl.col("step") >= plan.base_step)
+    if rows.is_empty():
+        return {}
+    segment = ((pl.col("step") - plan.base_step) // plan.segment_steps).alias("_segment")
+    parts = rows.with_columns(segment).partition_by("_segment", as_dict=True, include_key=False)
+    by_index = {int(k[0]): v for k, v in parts.items()}
+    out = {}
+    for k, part in sorted(by_index.items()):
+        before = by_index.get(k - 1)
+        if before is not None:
+            context = before.filter(pl.col("step") >= plan.span(k)[0])
+            part = pl.concat([context, part])
+        out[k] = part
+    return out
+
+
+def rank_findings(
+    job_id: str,
+    steps_df: pl.DataFrame,
+    collectives_df: pl.DataFrame | None,
+    gpu: Frame | GpuSource | None,
+    *,
+    nodes: Mapping[int, str],
+    config: AnalysisConfig,
+) -> list[Finding]:
+    """Stragglers and data stalls among the ranks over all of these steps (no warm-up skipped)."""
+    if steps_df.is_empty():
+        return []
     grid = Grid.of(steps_df["rank"].to_numpy(), steps_df["step"].to_numpy())
-    start = int(np.searchsorted(grid.steps, grid.steps[0] + config.warmup_steps))
-    if grid.steps.size - start < config.window_steps:
-        return _stamped(findings)
+    if grid.steps.size < config.window_steps:
+        return []
 
     def matrix(column: str) -> Matrix | None:
         if column not in steps_df.columns or steps_df[column].null_count() == steps_df.height:
             return None
-        return grid.matrix(steps_df[column].to_numpy())[start:]
+        return grid.matrix(steps_df[column].to_numpy())
 
     step_s = matrix("step_s")
     data_s = matrix("data_s")
@@ -102,33 +178,27 @@ def analyze(
     compute_s = derived if compute_s is None else np.where(np.isnan(compute_s), derived, compute_s)
     stride = max(1, grid.ranks.size // _MAX_REFERENCE_RANKS)
     reference_step_s = rank_median(step_s[:, ::stride])
-    post_steps = grid.steps[start:]
     data_median_s = rank_median(column_sample(data_s))
 
     channels = {"compute": compute_s, "data": data_s}
-    ops = []
-    if collectives is not None:
-        collectives_df = _select(collectives, tuple(c for c in COLLECTIVES.names if c != "job_id"))
-        if not collectives_df.is_empty():
-            ops = op_grids(collectives_df, grid, start)
-        del collectives_df
+    ops = (
+        []
+        if collectives_df is None or collectives_df.is_empty()
+        else op_grids(collectives_df, grid, 0)
+    )
     if ops:
         ready_s = None if comm_wait_s is None else step_s - comm_wait_s
         channels["communication"] = finish_times(ops, ready_s)
-        findings += slow_collective_findings(job_id, ops, post_steps, config)
 
     gpu_evidence = None
     if gpu is not None and "ts" in steps_df.columns:
         # Telemetry is read only if a rank is slow to compute, and only its rows and peers'.
-        gpu_columns = [c for c in _GPU_COLUMNS if c in _schema(gpu)]
-        gpu_evidence = GpuEvidence(
-            gpu.lazy().select(gpu_columns), _StepTimes(steps_df, grid), config, ranks=grid.ranks
-        )
+        gpu_evidence = GpuEvidence(gpu, _StepTimes(steps_df, grid), config, ranks=grid.ranks)
     stragglers = straggler_findings(
         StragglerInput(
             job_id=job_id,
             ranks=grid.ranks,
-            steps=post_steps,
+            steps=grid.steps,
             step_s=step_s,
             reference_step_s=reference_step_s,
             channels=channels,
@@ -136,24 +206,22 @@ def analyze(
             comm_wait_s=comm_wait_s,
             transfer_s=transfer_times(ops) if ops else None,
             compute_includes_wait=comm_wait_s is None,
-            nodes=_Nodes(steps, ranks),
+            nodes=nodes,
             gpu_evidence=gpu_evidence,
-            comm_evidence=CommEvidence(ops, post_steps, grid.ranks) if ops else None,
+            comm_evidence=CommEvidence(ops, grid.steps, grid.ranks) if ops else None,
         ),
         config,
     )
-    findings += stragglers
-    findings += dataloader_findings(
+    return stragglers + dataloader_findings(
         job_id=job_id,
         ranks=grid.ranks,
-        steps=post_steps,
+        steps=grid.steps,
         data_s=data_s,
         data_median_s=data_median_s,
         reference_step_s=reference_step_s,
         data_straggler_ranks={r for f in stragglers if f.cause == "data" for r in f.ranks},
         config=config,
     )
-    return _stamped(findings)
 
 
 def _schema(frame: Frame) -> pl.Schema:

@@ -130,19 +130,24 @@ class CommEvidence:
 
 
 def slow_collective_findings(
-    job_id: str, ops: list[OpGrid], steps: Ints, config: AnalysisConfig
+    job_id: str, op_rollup: pl.DataFrame, first_step: int, config: AnalysisConfig
 ) -> list[Finding]:
-    """Steps where an op's busbw (per message size) fell far below its norm or expectation."""
+    """Steps from `first_step` where an op's busbw (per message size) fell far below its norm
+    or expectation; `op_rollup` is stepscope.analysis.rollups.op_rollup of the job."""
     findings = []
     expected_bps = config.expected_busbw_bps or {}
     window = config.window_steps
-    for g in ops:
-        if g.factor == 0:
+    settled = op_rollup.filter(pl.col("step") >= first_step)
+    for (op,), rows in sorted(settled.partition_by("op", as_dict=True).items()):
+        group_size = int(rows["group_size"].max() or 0)  # type: ignore[arg-type]
+        factor = busbw_factor(str(op), group_size)
+        if factor == 0:
             continue
+        steps = rows["step"].to_numpy()
+        num_bytes = rows["bytes"].to_numpy()
         with np.errstate(all="ignore"):
-            transfer_s = np.nanmin(np.where(np.isnan(g.busy_s), np.inf, g.busy_s), axis=1)
-            busbw = g.bytes.astype(np.float64) * g.factor / transfer_s
-            size_log2 = np.floor(np.log2(g.bytes / np.maximum(g.count, 1.0)))
+            busbw = num_bytes * factor / rows["busy_s_min"].to_numpy()
+            size_log2 = np.floor(np.log2(num_bytes / np.maximum(rows["count"].to_numpy(), 1.0)))
         valid = np.isfinite(busbw) & (busbw > 0) & np.isfinite(size_log2)
         for size in np.unique(size_log2[valid]):
             positions = np.flatnonzero(valid & (size_log2 == size))
@@ -151,7 +156,7 @@ def slow_collective_findings(
             series = busbw[positions]
             usable = series.size // window * window
             window_medians = np.median(series[:usable].reshape(-1, window), axis=1)
-            norm = expected_bps.get(g.op)
+            norm = expected_bps.get(str(op))
             source = "expected" if norm is not None else "job_p90"
             if norm is None:
                 norm = float(np.quantile(window_medians, 0.9))
@@ -177,14 +182,14 @@ def slow_collective_findings(
                         severity="critical" if effect <= -0.5 else "warning",
                         first_step=int(steps[positions[lo]]),
                         last_step=None if ongoing else int(steps[positions[hi]]),
-                        metric=f"{g.op}.busbw_bps",
+                        metric=f"{op}.busbw_bps",
                         expected=norm,
                         observed=observed,
                         effect=effect,
                         cause="communication",
                         evidence={
-                            "op": g.op,
-                            "group_size": g.group_size,
+                            "op": op,
+                            "group_size": group_size,
                             "message_bytes_log2": int(size),
                             "message_bytes_at_least": message_bytes,
                             "norm": source,

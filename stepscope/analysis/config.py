@@ -26,6 +26,10 @@ class AnalysisConfig:
     noise_floor_sigmas: float = 0.7
     """A step counts as slow only above this many robust noise sigmas of its metric."""
 
+    segment_cells: int = 262_144
+    """Rank × steps analysed together: a long job's ranks are compared segment by segment of
+    about this many rank-steps (at least 4 windows), so a live job re-analyses one segment."""
+
     node_share: float = 0.5
     """More than this share of a node's ranks flagged makes one straggler_node finding."""
 
@@ -64,6 +68,8 @@ class AnalysisConfig:
             raise ValueError("warmup_steps must be >= 0")
         if self.window_steps < 2:
             raise ValueError("window_steps must be >= 2")
+        if self.segment_cells < 1:
+            raise ValueError("segment_cells must be >= 1")
         for name in ("persistence", "node_share", "throttle_share", "clock_drop", "busbw_drop"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1)")

@@ -21,6 +21,10 @@ _MIN_SHARE_ABOVE_PEERS = 0.25
 
 StepWindow = tuple[int, int, int]
 """(rank, first_step, last_step)."""
+GpuSource = Callable[[list[int]], pl.DataFrame]
+"""Reads the GPU samples of some ranks (a store query, say)."""
+GPU_COLUMNS = ("rank", "ts", "sm_clock_mhz", "power_w", "temp_c", "throttle_reasons")
+"""What the evidence reads of the samples."""
 
 
 class GpuEvidence:
@@ -28,13 +32,13 @@ class GpuEvidence:
 
     def __init__(
         self,
-        gpu: pl.DataFrame | pl.LazyFrame,
+        gpu: pl.DataFrame | pl.LazyFrame | GpuSource,
         times: Callable[[StepWindow], tuple[float, float] | None],
         config: AnalysisConfig,
         *,
         ranks: NDArray[np.int64],
     ) -> None:
-        """`gpu` holds GPU samples (read only when asked), `ranks` the job's sorted ranks."""
+        """`gpu` holds or reads GPU samples (read only when asked); `ranks`: sorted ranks."""
         self._gpu = gpu
         self._times = times
         self._config = config
@@ -46,7 +50,12 @@ class GpuEvidence:
             return []
         peers = self._ranks[:: max(1, self._ranks.size // _MAX_PEERS)].tolist()
         wanted = sorted({*peers, *(w[0] for w in windows)})
-        rows = self._gpu.lazy().filter(pl.col("rank").is_in(wanted)).collect()
+        if callable(self._gpu):
+            rows = self._gpu(wanted)
+        else:
+            gpu = self._gpu.lazy()
+            columns = [c for c in GPU_COLUMNS if c in gpu.collect_schema()]
+            rows = gpu.select(columns).filter(pl.col("rank").is_in(wanted)).collect()
         return [self._one(rows, w) for w in windows]
 
     def _one(self, rows: pl.DataFrame, window: StepWindow) -> dict[str, Any]:

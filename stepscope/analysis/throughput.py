@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis.changepoints import ChangePoint, ChangePointConfig, detect_change_points
+from stepscope.analysis.rollups import mfu, step_rollup
 from stepscope.schema import Finding, Severity
 
 _WORK_COLUMNS = ("tokens", "samples", "flops")
@@ -29,28 +30,20 @@ def job_series(steps: pl.DataFrame) -> pl.DataFrame:
     samples_per_s, steps_per_s. A work sum and its rate are null in a step where no rank
     reported that work.
     """
-    missing = [pl.lit(None, dtype=pl.Float64).alias(c) for c in _WORK_COLUMNS if c not in steps]
-    frame = steps.lazy().with_columns(missing) if missing else steps.lazy()
-    return (
-        frame.group_by("step")
-        .agg(
-            pl.len().alias("num_ranks"),
-            pl.col("step_s").max(),
-            *(pl.col(c).sum() for c in _WORK_COLUMNS),
-            *(pl.col(c).count().alias(f"_{c}_count") for c in _WORK_COLUMNS),
-        )
-        .with_columns(
-            pl.when(pl.col(f"_{c}_count") > 0).then(pl.col(c)).alias(c) for c in _WORK_COLUMNS
-        )
-        .with_columns(
-            pl.col("_flops_count").alias("num_flops_ranks"),
-            (pl.col("tokens") / pl.col("step_s")).alias("tokens_per_s"),
-            (pl.col("samples") / pl.col("step_s")).alias("samples_per_s"),
-            (1.0 / pl.col("step_s")).alias("steps_per_s"),
-        )
-        .drop(*(f"_{c}_count" for c in _WORK_COLUMNS))
-        .sort("step")
-        .collect()
+    return rollup_series(step_rollup(steps))
+
+
+def rollup_series(rollup: pl.DataFrame) -> pl.DataFrame:
+    """The job series (see job_series) of a step rollup (stepscope.analysis.rollups)."""
+    return rollup.select(
+        "step",
+        "num_ranks",
+        pl.col("step_s_max").alias("step_s"),
+        *_WORK_COLUMNS,
+        "num_flops_ranks",
+        (pl.col("tokens") / pl.col("step_s_max")).alias("tokens_per_s"),
+        (pl.col("samples") / pl.col("step_s_max")).alias("samples_per_s"),
+        (1.0 / pl.col("step_s_max")).alias("steps_per_s"),
     )
 
 
@@ -63,15 +56,8 @@ def mfu_per_step(
     step some ranks have not reported yet is not under-counted). mfu is null without a
     peak or without FLOPs: there is no fallback peak.
     """
-    return _mfu(job_series(steps), peak_flops, world_size)
-
-
-def _mfu(series: pl.DataFrame, peak_flops: float | None, world_size: int | None) -> pl.DataFrame:
-    if peak_flops is None:
-        return series.select("step", pl.lit(None, dtype=pl.Float64).alias("mfu"))
-    ranks = pl.lit(world_size) if world_size is not None else pl.col("num_flops_ranks")
-    mfu = pl.col("flops") / pl.col("step_s") / (peak_flops * ranks)
-    return series.select("step", mfu.cast(pl.Float64).alias("mfu"))
+    rollup = step_rollup(steps)
+    return rollup.select("step", mfu(rollup, peak_flops, world_size))
 
 
 def throughput_findings(
@@ -90,9 +76,28 @@ def throughput_findings(
     """
     if steps.is_empty():
         return []
-    job = job or {}
-    job_id = _job_id(steps, job)
-    series = job_series(steps)
+    job = {**(job or {}), "job_id": _job_id(steps, job or {})}
+    return series_findings(
+        job_series(steps),
+        job=job,
+        config=config,
+        critical_drop=critical_drop,
+        mfu_low_below=mfu_low_below,
+    )
+
+
+def series_findings(
+    series: pl.DataFrame,
+    *,
+    job: Mapping[str, Any],
+    config: ChangePointConfig,
+    critical_drop: float = CRITICAL_DROP,
+    mfu_low_below: float | None = None,
+) -> list[Finding]:
+    """throughput_findings of a job series (job_series, rollup_series); job has a job_id."""
+    if series.is_empty():
+        return []
+    job_id = str(job["job_id"])
     series = series.filter(pl.col("num_ranks") >= pl.col("num_ranks").median())
 
     findings: list[Finding] = []
@@ -105,9 +110,11 @@ def throughput_findings(
     if peak_flops is None or not peak_flops > 0:
         findings.append(_peak_unknown(job_id, job, series, reason="no peak_flops for the device"))
         return findings
-    mfu = _mfu(series, float(peak_flops), job.get("world_size"))
-    findings += _shift_findings(job_id, mfu, "mfu", config, critical_drop)
-    settled = mfu["mfu"].slice(config.warmup_steps).drop_nulls()
+    per_step = series.select(
+        "step", mfu(series.rename({"step_s": "step_s_max"}), peak_flops, job.get("world_size"))
+    )
+    findings += _shift_findings(job_id, per_step, "mfu", config, critical_drop)
+    settled = per_step["mfu"].slice(config.warmup_steps).drop_nulls()
     median_mfu = settled.median() if settled.len() else None
     if isinstance(median_mfu, float) and median_mfu > 1.0:
         findings.append(

@@ -1,0 +1,239 @@
+"""Rollups of raw rows (DESIGN §6): per step, per step and op, per rank × step bucket, GPU
+per device × time bucket. Pure polars; the store keeps them, the analyzer maintains them.
+
+Every rollup is a function of the raw rows of its key alone, so a late or resent row only
+means recomputing its step (or bucket) from raw rows, and a rollup computed in many pieces
+equals one computed at once. Buckets are aligned to multiples of their width (a power of two
+steps, or seconds), so doubling the width merges pairs of stored buckets exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
+"""Time components of a step rolled up per step and per rank × step bucket."""
+
+QUANTILES = {"min": 0.0, "p50": 0.5, "p90": 0.9, "max": 1.0}
+GPU_MEANS = ("util", "power_w", "temp_c", "sm_clock_mhz", "sm_active", "tensor_active")
+"""GPU metrics averaged per device and bucket (with temp_c max, sm_clock min, memory max)."""
+
+MAX_BUCKETS = 1024
+"""Buckets per job in the rank × step and GPU rollups; the width doubles as the job grows."""
+
+_WORK = ("tokens", "samples", "flops")
+
+
+def with_compute(steps: pl.DataFrame) -> pl.DataFrame:
+    """Steps with compute_s filled where absent: step_s − data_s − comm_wait_s (0 if unknown)."""
+    wait = pl.col("comm_wait_s") if "comm_wait_s" in steps.columns else pl.lit(0.0)
+    derived = pl.col("step_s") - pl.col("data_s") - wait.fill_null(0.0)
+    compute = pl.col("compute_s").fill_null(derived) if "compute_s" in steps.columns else derived
+    missing = [
+        pl.lit(None, dtype=pl.Float64).alias(c) for c in ("ts", *METRICS, *_WORK) if c not in steps
+    ]
+    return steps.with_columns(missing).with_columns(compute.alias("compute_s"))
+
+
+def step_rollup(
+    steps: pl.DataFrame, *, peak_flops: float | None = None, world_size: int | None = None
+) -> pl.DataFrame:
+    """Per step: ranks reporting, earliest start, min/p50/p90/max of each time component, the
+    slowest rank, summed work (null where no rank reported it) and job MFU (null without a peak).
+    """
+    frame = with_compute(steps)
+    stats = [
+        (
+            pl.col(m).min()
+            if q == "min"
+            else pl.col(m).max()
+            if q == "max"
+            else pl.col(m).quantile(level, interpolation="linear")
+        ).alias(f"{m}_{q}")
+        for m in METRICS
+        for q, level in QUANTILES.items()
+    ]
+    rollup = (
+        frame.lazy()
+        .sort("step", "rank")
+        .group_by("step")
+        .agg(
+            pl.len().cast(pl.Int64).alias("num_ranks"),
+            pl.col("ts").min(),
+            *stats,
+            pl.col("rank").get(pl.col("step_s").arg_max()).alias("slowest_rank"),
+            *(pl.when(pl.col(c).count() > 0).then(pl.col(c).sum()).alias(c) for c in _WORK),
+            pl.col("flops").count().cast(pl.Int64).alias("num_flops_ranks"),
+        )
+        .with_columns(
+            pl.col("tokens").cast(pl.Int64),
+            pl.col("samples").cast(pl.Int64),
+            pl.col("flops").cast(pl.Float64),
+        )
+        .sort("step")
+        .collect()
+    )
+    return rollup.with_columns(mfu(rollup, peak_flops, world_size))
+
+
+def mfu(rollup: pl.DataFrame, peak_flops: float | None, world_size: int | None) -> pl.Series:
+    """Per step of a step rollup: summed FLOPs / job step time / (peak × ranks); null w/o peak.
+
+    Ranks is `world_size` when given, else the ranks that reported FLOPs in that step.
+    """
+    if peak_flops is None or not peak_flops > 0:
+        return pl.Series("mfu", [None] * rollup.height, dtype=pl.Float64)
+    ranks = world_size if world_size is not None else rollup["num_flops_ranks"]
+    return (rollup["flops"] / rollup["step_s_max"] / (peak_flops * ranks)).alias("mfu")
+
+
+def _busbw_factor() -> pl.Expr:
+    """stepscope.schema.busbw_factor of each row's op and group size, as an expression."""
+    n = pl.col("group_size").cast(pl.Float64)
+    op = pl.col("op")
+    return (
+        pl.when(op == "all_reduce")
+        .then(2.0 * (n - 1) / n)
+        .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"]))
+        .then((n - 1) / n)
+        .when(op == "barrier")
+        .then(None)
+        .otherwise(1.0)
+    )
+
+
+def op_rollup(collectives: pl.DataFrame) -> pl.DataFrame:
+    """Per (step, op): ranks, group size, median calls and bytes over ranks, busy time spread,
+    and bus bandwidth (per rank: bytes × factor / busy time) min and median over ranks."""
+    busbw = pl.col("bytes").cast(pl.Float64) * _busbw_factor() / pl.col("busy_s")
+    return (
+        collectives.lazy()
+        .with_columns(
+            pl.when(pl.col("busy_s") > 0).then(busbw).alias("_busbw"),
+        )
+        .group_by("step", "op")
+        .agg(
+            pl.len().cast(pl.Int64).alias("num_ranks"),
+            pl.col("group_size").max().cast(pl.Int64),
+            pl.col("count").cast(pl.Float64).median().alias("count"),
+            pl.col("bytes").cast(pl.Float64).median().alias("bytes"),
+            pl.col("busy_s").min().alias("busy_s_min"),
+            pl.col("busy_s").median().alias("busy_s_p50"),
+            pl.col("busy_s").max().alias("busy_s_max"),
+            pl.col("_busbw").min().alias("busbw_min_bps"),
+            pl.col("_busbw").median().alias("busbw_p50_bps"),
+        )
+        .sort("step", "op")
+        .collect()
+    )
+
+
+def bucket_width(first: float, last: float, *, unit: float = 1.0) -> float:
+    """Smallest power-of-two multiple of `unit` that covers first..last in MAX_BUCKETS buckets."""
+    span = max(last - first, 0.0) / unit + 1.0
+    return unit * 2.0 ** max(0, math.ceil(math.log2(span / MAX_BUCKETS)))
+
+
+def _bucket(column: str, width: float) -> pl.Expr:
+    start = (pl.col(column) / width).floor() * width
+    return start.cast(pl.Int64) if width >= 1 and float(width).is_integer() else start
+
+
+def rank_buckets(steps: pl.DataFrame, bucket_steps: int) -> pl.DataFrame:
+    """Per (first_step of the bucket, rank): sum, count and max of each time component."""
+    frame = with_compute(steps)
+    return (
+        frame.lazy()
+        .group_by(_bucket("step", bucket_steps).alias("first_step"), "rank")
+        .agg(
+            *(
+                e
+                for m in METRICS
+                for e in (
+                    pl.col(m).sum().alias(f"{m}_sum"),
+                    pl.col(m).count().cast(pl.Int64).alias(f"{m}_count"),
+                    pl.col(m).max().alias(f"{m}_max"),
+                )
+            )
+        )
+        .sort("first_step", "rank")
+        .collect()
+    )
+
+
+def merge_rank_buckets(buckets: pl.DataFrame, bucket_steps: int) -> pl.DataFrame:
+    """Rank buckets of a finer width merged into buckets of `bucket_steps` (a multiple of it)."""
+    return (
+        buckets.lazy()
+        .group_by(_bucket("first_step", bucket_steps).alias("first_step"), "rank")
+        .agg(
+            *(
+                e
+                for m in METRICS
+                for e in (
+                    pl.col(f"{m}_sum").sum(),
+                    pl.col(f"{m}_count").sum(),
+                    pl.col(f"{m}_max").max(),
+                )
+            )
+        )
+        .sort("first_step", "rank")
+        .collect()
+    )
+
+
+def gpu_buckets(gpu: pl.DataFrame, bucket_s: float) -> pl.DataFrame:
+    """Per (first_ts of the bucket, rank, gpu_index): samples, metric means, temp_c max,
+    sm_clock_mhz min, mem_used_bytes max and the OR of the throttle reasons."""
+    missing = [
+        pl.lit(None, dtype=pl.Float64).alias(c)
+        for c in (*GPU_MEANS, "mem_used_bytes")
+        if c not in gpu.columns
+    ]
+    if "throttle_reasons" not in gpu.columns:
+        missing.append(pl.lit(None, dtype=pl.Int64).alias("throttle_reasons"))
+    return (
+        gpu.lazy()
+        .with_columns(missing)
+        .group_by(_bucket("ts", bucket_s).alias("first_ts"), "rank", "gpu_index")
+        .agg(
+            pl.len().cast(pl.Int64).alias("num_samples"),
+            *(pl.col(c).cast(pl.Float64).mean().alias(f"{c}_mean") for c in GPU_MEANS),
+            pl.col("temp_c").cast(pl.Float64).max().alias("temp_c_max"),
+            pl.col("sm_clock_mhz").cast(pl.Float64).min().alias("sm_clock_mhz_min"),
+            pl.col("mem_used_bytes").cast(pl.Float64).max().alias("mem_used_bytes_max"),
+            pl.col("throttle_reasons").cast(pl.Int64).bitwise_or().alias("throttle_reasons"),
+        )
+        .with_columns(pl.col("first_ts").cast(pl.Float64))
+        .sort("first_ts", "rank", "gpu_index")
+        .collect()
+    )
+
+
+def merge_gpu_buckets(buckets: pl.DataFrame, bucket_s: float) -> pl.DataFrame:
+    """GPU buckets merged into a coarser width; means weighted by samples."""
+    weight = pl.col("num_samples")
+    return (
+        buckets.lazy()
+        .group_by(
+            _bucket("first_ts", bucket_s).cast(pl.Float64).alias("first_ts"), "rank", "gpu_index"
+        )
+        .agg(
+            weight.sum(),
+            *(
+                (
+                    (pl.col(f"{c}_mean") * weight).sum()
+                    / weight.filter(pl.col(f"{c}_mean").is_not_null()).sum()
+                ).alias(f"{c}_mean")
+                for c in GPU_MEANS
+            ),
+            pl.col("temp_c_max").max(),
+            pl.col("sm_clock_mhz_min").min(),
+            pl.col("mem_used_bytes_max").max(),
+            pl.col("throttle_reasons").bitwise_or(),
+        )
+        .sort("first_ts", "rank", "gpu_index")
+        .collect()
+    )
