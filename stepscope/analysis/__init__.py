@@ -282,7 +282,7 @@ class _StepTimes:
                 self._steps.filter(
                     (pl.col("rank") == rank) & pl.col("step").is_between(first_step, last_step)
                 )
-                .select(pl.col("ts").min(), (pl.col("ts") + pl.col("step_s")).max())
+                .select(pl.col("ts").min(), (pl.col("ts") + pl.col("step_s")).max().alias("end"))
                 .row(0)
             )
         return None if t0 is None or t1 is None else (float(t0), float(t1))

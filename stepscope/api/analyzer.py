@@ -1,45 +1,381 @@
-"""Analysis of stored jobs: on demand and periodically for active jobs."""
+"""Incremental analysis of stored jobs: rollups and findings kept current from a watermark.
+
+A pass reads only the job's batches received since its stored watermark (DESIGN §6): it
+recomputes the rollups of the steps (and GPU time buckets) those batches touched, re-analyses
+the step segments that read those steps (stepscope.analysis.segments), runs the job-level
+detectors on the step and collective rollups, and stores findings, state and watermark.
+Findings stitched from many passes equal those of one full pass over the same rows.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
+import polars as pl
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.store import queries
+from stepscope.analysis import AnalysisConfig, job_findings, rank_findings
+from stepscope.analysis import rollups as compute
+from stepscope.analysis.segments import SegmentPlan, stitch
+from stepscope.analysis.telemetry import GPU_COLUMNS
+from stepscope.store import frames, queries, tables
+from stepscope.store import rollups as store
 
 log = logging.getLogger(__name__)
 
+OVERLAP_S = 5.0
+"""Batches received this long before the watermark are read again: a batch's received_at is
+stamped when its transaction starts, so one may commit after a later-stamped one was read."""
 
-def analyze_stored_job(engine: sa.Engine, job_id: str) -> list[schema.Finding]:
-    """Run the analysis on a stored job and make its findings the stored ones."""
-    from stepscope.analysis import analyze
+_STEP_COLUMNS = (
+    "rank",
+    "step",
+    "ts",
+    "step_s",
+    "data_s",
+    "comm_wait_s",
+    "compute_s",
+    "tokens",
+    "samples",
+    "flops",
+)
+_COLLECTIVE_COLUMNS = ("rank", "step", "op", "group_size", "count", "bytes", "busy_s")
+_SEGMENTS_PER_READ = 8
+"""Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
 
-    frames = queries.load_job_frames(engine, job_id)
-    findings = analyze(
-        frames["steps"],
-        collectives=frames["collectives"],
-        gpu=frames["gpu"],
-        ranks=frames["ranks"],
-        job=queries.load_job(engine, job_id),
-    )
-    queries.replace_findings(engine, job_id, findings)
-    return queries.load_findings(engine, job_id)
+
+@dataclass(kw_only=True, slots=True)
+class PassResult:
+    """What one pass did."""
+
+    rolled_up_steps: int = 0
+    analysed_segments: list[int] = field(default_factory=list)
+    findings: list[schema.Finding] = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class _State:
+    """A job's analysis state, kept as JSON in `analysis_state`."""
+
+    plan: SegmentPlan | None = None
+    bucket_steps: int = 1
+    gpu_bucket_s: float = 1.0
+    first_step: int | None = None
+    last_step: int | None = None
+    first_gpu_ts: float | None = None
+    last_gpu_ts: float | None = None
+    pending_from: int | None = None
+    """Smallest step held back from the step rollups: not every rank has reported it yet."""
+    overlap_batches: int = 0
+    """Batches received within OVERLAP_S before the watermark, as of the last pass."""
+    segments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> _State:
+        plan = doc.pop("plan", None)
+        segments = {int(k): v for k, v in doc.pop("segments", {}).items()}
+        return cls(plan=SegmentPlan(**plan) if plan else None, segments=segments, **doc)
+
+    def doc(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "plan": None
+            if plan is None
+            else {
+                "base_step": plan.base_step,
+                "segment_steps": plan.segment_steps,
+                "context_steps": plan.context_steps,
+            },
+            "bucket_steps": self.bucket_steps,
+            "gpu_bucket_s": self.gpu_bucket_s,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "first_gpu_ts": self.first_gpu_ts,
+            "last_gpu_ts": self.last_gpu_ts,
+            "pending_from": self.pending_from,
+            "overlap_batches": self.overlap_batches,
+            "segments": {str(k): v for k, v in self.segments.items()},
+        }
+
+
+def _widen(lo: Any, hi: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """The union of two ranges, either of which may be unknown (None)."""
+    lo = a if lo is None else lo if a is None else min(lo, a)
+    hi = b if hi is None else hi if b is None else max(hi, b)
+    return lo, hi
+
+
+class JobAnalyzer:
+    """Runs incremental passes over one job of a store."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        job_id: str,
+        *,
+        config: AnalysisConfig | None = None,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.engine = engine
+        self.job_id = job_id
+        self.config = config or AnalysisConfig()
+        self.grace_s = grace_s
+
+    def run(self, *, full: bool = False) -> PassResult:
+        """One pass: from the stored watermark, or from scratch with `full`."""
+        if full:
+            with self.engine.begin() as conn:
+                store.delete_job_rollups(conn, self.job_id)
+        loaded = store.load_state(self.engine, self.job_id)
+        state = _State() if loaded is None else _State.of(loaded[1])
+        watermark = -math.inf if loaded is None else loaded[0]
+        arrivals = store.arrivals_since(self.engine, self.job_id, watermark)
+        late = store.count_batches(self.engine, self.job_id, watermark - OVERLAP_S, watermark)
+        if late > state.overlap_batches:  # committed after the last pass read past them
+            arrivals = store.arrivals_since(self.engine, self.job_id, watermark - OVERLAP_S)
+        result = PassResult()
+        if arrivals is None and state.pending_from is None:
+            return result
+        job = queries.load_job(self.engine, self.job_id) or {"job_id": self.job_id}
+        now = time.time()
+
+        lo, hi = state.pending_from, None
+        if arrivals is not None:
+            lo, hi = _widen(lo, hi, arrivals.first_step, arrivals.last_step)
+        state.first_step, state.last_step = _widen(state.first_step, state.last_step, lo, hi)
+        if lo is not None and state.first_step is not None and state.last_step is not None:
+            if state.plan is None:
+                num_ranks = int(job.get("world_size") or self._num_ranks())
+                state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
+            self._rebucket_steps(state)
+            result.rolled_up_steps, state.pending_from = self._steps(
+                state, job, lo, hi if hi is not None else state.last_step, now, result
+            )
+        if arrivals is not None and arrivals.first_gpu_ts is not None:
+            self._gpu(state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
+
+        findings = self._job_findings(state, job)
+        if state.plan is not None:
+            per_segment = {
+                k: [schema.Finding(**f) for f in found] for k, found in state.segments.items()
+            }
+            findings += stitch(state.plan, per_segment)
+        # A batch stamped within OVERLAP_S before the new watermark may still be committing:
+        # the next pass re-reads that stretch if it then holds more batches than now.
+        if arrivals is not None:
+            watermark = arrivals.received_at
+        state.overlap_batches = store.count_batches(
+            self.engine, self.job_id, watermark - OVERLAP_S, watermark
+        )
+        with self.engine.begin() as conn:
+            store.save_state(conn, self.job_id, watermark, state.doc(), now)
+        queries.replace_findings(self.engine, self.job_id, findings)
+        result.findings = queries.load_findings(self.engine, self.job_id)
+        return result
+
+    def _num_ranks(self) -> int:
+        return len(frames.read_frame(self.engine, "ranks", self.job_id, columns=["rank"]))
+
+    # --- steps and collectives: rollups and segments -------------------------------------
+
+    def _steps(
+        self, state: _State, job: dict[str, Any], lo: int, hi: int, now: float, result: PassResult
+    ) -> tuple[int, int | None]:
+        """Roll up steps lo..hi and re-analyse the segments reading them; (rolled up, pending)."""
+        plan = state.plan
+        assert plan is not None
+        assert state.last_step is not None
+        touched = [k for k in plan.touched(lo, hi) if plan.start(k) <= state.last_step]
+        groups = [
+            touched[i : i + _SEGMENTS_PER_READ] for i in range(0, len(touched), _SEGMENTS_PER_READ)
+        ] or [[]]
+        b = state.bucket_steps
+        rolled_up, pending = 0, None
+        for i, group in enumerate(groups):
+            # This read's share of the dirty steps (the first also takes the warm-up's), and
+            # what it must read: those steps' whole rank buckets and its segments' spans.
+            own_lo = lo if i == 0 else max(lo, plan.start(group[0]))
+            own_hi = hi if i == len(groups) - 1 else min(hi, plan.start(group[-1] + 1) - 1)
+            read_lo, read_hi = own_lo - own_lo % b, own_hi - own_hi % b + b - 1
+            if group:
+                read_lo, read_hi = _widen(
+                    read_lo, read_hi, plan.span(group[0])[0], plan.span(group[-1])[1]
+                )
+            steps, collectives = (
+                frames.read_frame(
+                    self.engine,
+                    table,
+                    self.job_id,
+                    columns=columns,
+                    from_step=read_lo,
+                    to_step=read_hi,
+                )
+                for table, columns in (
+                    ("steps", _STEP_COLUMNS),
+                    ("collectives", _COLLECTIVE_COLUMNS),
+                )
+            )
+            if own_lo <= own_hi:
+                n, held = self._roll_up(state, job, steps, collectives, own_lo, own_hi, now)
+                rolled_up += n
+                if held is not None:
+                    pending = held if pending is None else min(pending, held)
+            nodes = self._nodes()
+            for k in group:
+                in_span = pl.col("step").is_between(*plan.span(k))
+                span_steps = steps.filter(in_span)
+                found = rank_findings(
+                    self.job_id,
+                    span_steps,
+                    collectives.filter(in_span),
+                    self._gpu_source(span_steps),
+                    nodes=nodes,
+                    config=self.config,
+                )
+                state.segments[k] = [f.to_dict() for f in plan.owned(k, found)]
+                result.analysed_segments.append(k)
+        return rolled_up, pending
+
+    def _roll_up(
+        self,
+        state: _State,
+        job: dict[str, Any],
+        steps: pl.DataFrame,
+        collectives: pl.DataFrame,
+        lo: int,
+        hi: int,
+        now: float,
+    ) -> tuple[int, int | None]:
+        """Rollups of steps lo..hi from their raw rows; (steps rolled up, first step held back)."""
+        dirty = steps.filter(pl.col("step").is_between(lo, hi))
+        if dirty.is_empty():
+            return 0, None
+        rollup = compute.step_rollup(
+            dirty, peak_flops=job.get("peak_flops"), world_size=job.get("world_size")
+        )
+        ends = dirty.group_by("step").agg((pl.col("ts") + pl.col("step_s")).max().alias("end"))
+        rollup = rollup.join(ends, on="step")
+        expected = job.get("world_size") or rollup["num_ranks"].max()
+        ready = (pl.col("num_ranks") >= expected) | (pl.col("end") < now - self.grace_s)
+        held = rollup.filter(~ready)["step"]
+        rollup = rollup.filter(ready).drop("end")
+        ready_steps = rollup["step"].to_list()
+        op_rows = compute.op_rollup(collectives.filter(pl.col("step").is_in(ready_steps)))
+        b = state.bucket_steps
+        bucket_rows = steps.filter(pl.col("step").is_between(lo - lo % b, hi - hi % b + b - 1))
+        with self.engine.begin() as conn:
+            store.replace_step_rows(conn, tables.step_rollups, self.job_id, rollup, ready_steps)
+            store.replace_step_rows(conn, tables.op_rollups, self.job_id, op_rows, ready_steps)
+            store.write_rank_buckets(conn, self.job_id, b, compute.rank_buckets(bucket_rows, b))
+        return len(ready_steps), None if held.is_empty() else int(held.min())  # type: ignore[arg-type]
+
+    def _rebucket_steps(self, state: _State) -> None:
+        """Double the rank × step bucket width while the job outgrows MAX_BUCKETS buckets."""
+        assert state.first_step is not None
+        assert state.last_step is not None
+        width = int(compute.bucket_width(0, state.last_step))
+        if width <= state.bucket_steps:
+            return
+        stored = store.read_rank_buckets(self.engine, self.job_id)
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.delete(tables.rank_buckets).where(tables.rank_buckets.c.job_id == self.job_id)
+            )
+            if stored is not None:
+                merged = compute.merge_rank_buckets(stored.frame(), width)
+                store.write_rank_buckets(conn, self.job_id, width, merged)
+        state.bucket_steps = width
+
+    def _job_findings(self, state: _State, job: dict[str, Any]) -> list[schema.Finding]:
+        rollup = store.read_rows(self.engine, tables.step_rollups, self.job_id)
+        if rollup.is_empty() or state.plan is None:
+            return []
+        ops = store.read_rows(self.engine, tables.op_rollups, self.job_id)
+        return job_findings(rollup, None if ops.is_empty() else ops, job, state.plan, self.config)
+
+    def _nodes(self) -> dict[int, str]:
+        ranks = frames.read_frame(self.engine, "ranks", self.job_id, columns=["rank", "node"])
+        ranks = ranks.drop_nulls("node")
+        return dict(zip(ranks["rank"].to_list(), ranks["node"].to_list(), strict=True))
+
+    def _gpu_source(self, steps: pl.DataFrame) -> Any:
+        """Reads the GPU samples of some ranks over these steps' time, when asked."""
+        if steps.is_empty():
+            return None
+        t0 = steps["ts"].min()
+        t1 = (steps["ts"] + steps["step_s"]).max()
+
+        def read(ranks: list[int]) -> pl.DataFrame:
+            return frames.read_frame(
+                self.engine,
+                "gpu",
+                self.job_id,
+                columns=GPU_COLUMNS,
+                ranks=ranks,
+                from_ts=float(t0),  # type: ignore[arg-type]
+                to_ts=math.nextafter(float(t1), math.inf),  # type: ignore[arg-type]
+            )
+
+        return read
+
+    # --- GPU time buckets ------------------------------------------------------------------
+
+    def _gpu(self, state: _State, first_ts: float, last_ts: float | None) -> None:
+        state.first_gpu_ts, state.last_gpu_ts = _widen(
+            state.first_gpu_ts, state.last_gpu_ts, first_ts, last_ts
+        )
+        assert state.first_gpu_ts is not None
+        assert state.last_gpu_ts is not None
+        width = compute.bucket_width(state.first_gpu_ts, state.last_gpu_ts)
+        if width > state.gpu_bucket_s:
+            stored = store.read_gpu_buckets(self.engine, self.job_id)
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sa.delete(tables.gpu_buckets).where(tables.gpu_buckets.c.job_id == self.job_id)
+                )
+                if stored is not None:
+                    merged = compute.merge_gpu_buckets(stored[1], width)
+                    store.write_gpu_buckets(conn, self.job_id, width, merged)
+            state.gpu_bucket_s = width
+        w = state.gpu_bucket_s
+        lo = math.floor(first_ts / w) * w
+        hi = (math.floor((last_ts or first_ts) / w) + 1) * w
+        samples = frames.read_frame(self.engine, "gpu", self.job_id, from_ts=lo, to_ts=hi)
+        with self.engine.begin() as conn:
+            store.write_gpu_buckets(conn, self.job_id, w, compute.gpu_buckets(samples, w))
+
+
+def analyze_stored_job(
+    engine: sa.Engine, job_id: str, *, full: bool = False, grace_s: float = 30.0
+) -> list[schema.Finding]:
+    """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
+    result = JobAnalyzer(engine, job_id, grace_s=grace_s).run(full=full)
+    return result.findings if result.findings else queries.load_findings(engine, job_id)
 
 
 class BackgroundAnalyzer:
-    """A daemon thread that re-analyses active jobs every `interval_s` seconds."""
+    """A daemon thread that runs an incremental pass over active jobs every `interval_s`."""
 
-    def __init__(self, engine: sa.Engine, *, interval_s: float, active_within_s: float) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        interval_s: float,
+        active_within_s: float,
+        grace_s: float = 30.0,
+    ) -> None:
         self._engine = engine
         self._interval_s = interval_s
         self._active_within_s = active_within_s
+        self._grace_s = grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._analyzed_at: dict[str, float] = {}
-        """Job → arrival time of the newest batch its stored findings account for."""
 
     def start(self) -> None:
         if self._interval_s <= 0:
@@ -53,18 +389,17 @@ class BackgroundAnalyzer:
             self._thread.join(timeout=10)
 
     def run_once(self) -> int:
-        """Analyse each active job that received data since its last analysis; how many."""
+        """One pass over each active job; how many had new data."""
         active = queries.active_jobs(self._engine, seen_within_s=self._active_within_s)
-        stale = {j: t for j, t in active.items() if t > self._analyzed_at.get(j, -1.0)}
-        for job_id, last_seen in stale.items():
+        changed = 0
+        for job_id in active:
             try:
-                analyze_stored_job(self._engine, job_id)
+                result = JobAnalyzer(self._engine, job_id, grace_s=self._grace_s).run()
             except Exception:
                 log.exception("analysis of job %s failed", job_id)
-            self._analyzed_at[job_id] = last_seen
-        for job_id in set(self._analyzed_at) - set(active):
-            del self._analyzed_at[job_id]
-        return len(stale)
+                continue
+            changed += bool(result.rolled_up_steps or result.findings)
+        return changed
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

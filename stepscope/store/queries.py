@@ -9,41 +9,18 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import polars as pl
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.store import tables
-
-_FRAME_TABLES = {
-    "steps": tables.steps,
-    "collectives": tables.collectives,
-    "gpu": tables.gpu_samples,
-    "events": tables.events,
-    "ranks": tables.ranks,
-}
-_POLARS_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "json": pl.String}
+from stepscope.store import frames, tables
 
 
 def load_frame(engine: sa.Engine, name: str, job_id: str) -> pl.DataFrame:
     """One stored table of a job ('steps', 'collectives', 'gpu', 'events', 'ranks')."""
-    table = _FRAME_TABLES[name]
-    order = [table.c[c] for c in ("rank", "step", "ts") if c in table.c]
-    query = sa.select(table).where(table.c.job_id == job_id).order_by(*order)
-    with engine.connect() as conn:
-        result = conn.execute(query)
-        columns = list(result.keys())
-        rows: list[tuple[Any, ...]] = [tuple(r) for r in result]
-    if "attributes" in columns:  # JSON column: keep it as JSON text in the frame
-        i = columns.index("attributes")
-        rows = [
-            (*r[:i], None if r[i] is None else orjson.dumps(r[i]).decode(), *r[i + 1 :])
-            for r in rows
-        ]
-    spec = schema.TABLES[table.name]
-    frame_schema = {c: _POLARS_TYPES[spec.column(c).dtype] for c in columns}
-    return pl.DataFrame(rows, schema=frame_schema, orient="row")
+    frame = frames.read_frame(engine, name, job_id)
+    # read_frame orders gpu samples by (rank, gpu_index, ts); this frame keeps (rank, ts)
+    return frame.sort("rank", "ts", maintain_order=True) if name == "gpu" else frame
 
 
 def load_job(engine: sa.Engine, job_id: str) -> dict[str, Any] | None:

@@ -85,6 +85,14 @@ class IngestBatch(Base):
     num_collectives: Mapped[int] = mapped_column(sa.Integer())
     num_gpu: Mapped[int] = mapped_column(sa.Integer())
     num_events: Mapped[int] = mapped_column(sa.Integer())
+    first_step: Mapped[int | None] = mapped_column(sa.BigInteger())
+    """Smallest step among the batch's steps and collectives rows."""
+    last_step: Mapped[int | None] = mapped_column(sa.BigInteger())
+    first_gpu_ts: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    last_gpu_ts: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+
+
+sa.Index("ix_ingest_batches_job_id_received_at", IngestBatch.job_id, IngestBatch.received_at)
 
 
 class ApiToken(Base):
@@ -98,3 +106,80 @@ class ApiToken(Base):
     scopes: Mapped[str] = mapped_column(sa.String(), doc="space-separated scopes")
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
+# --- Rollups (DESIGN §6: the read path) ------------------------------------------------
+# Maintained by the analyzer from raw rows; interactive queries read only these.
+
+ROLLUP_METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
+"""Per-rank time components rolled up per step and per rank × step bucket."""
+
+
+def _floats(*names: str) -> list[sa.Column[Any]]:
+    return [sa.Column(n, sa.Float(precision=53)) for n in names]
+
+
+step_rollups = sa.Table(
+    "step_rollups",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("step", sa.BigInteger(), primary_key=True),
+    sa.Column("num_ranks", sa.Integer(), nullable=False),
+    sa.Column("ts", sa.Float(precision=53)),
+    *_floats(*(f"{m}_{q}" for m in ROLLUP_METRICS for q in ("min", "p50", "p90", "max"))),
+    sa.Column("slowest_rank", sa.BigInteger()),
+    sa.Column("tokens", sa.BigInteger()),
+    sa.Column("samples", sa.BigInteger()),
+    sa.Column("flops", sa.Float(precision=53)),
+    sa.Column("num_flops_ranks", sa.Integer()),
+    sa.Column("mfu", sa.Float(precision=53)),
+)
+
+op_rollups = sa.Table(
+    "op_rollups",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("step", sa.BigInteger(), primary_key=True),
+    sa.Column("op", sa.String(), primary_key=True),
+    sa.Column("num_ranks", sa.Integer(), nullable=False),
+    sa.Column("group_size", sa.Integer()),
+    *_floats("count", "bytes", "busy_s_min", "busy_s_p50", "busy_s_max"),
+    *_floats("busbw_min_bps", "busbw_p50_bps"),
+)
+
+# One row per step bucket; per metric a float32 vector over the int32 vector `ranks`: a
+# 1,024-rank heatmap reads 1,024 rows, not a million.
+rank_buckets = sa.Table(
+    "rank_buckets",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("first_step", sa.BigInteger(), primary_key=True),
+    sa.Column("bucket_steps", sa.Integer(), nullable=False),
+    sa.Column("ranks", sa.LargeBinary(), nullable=False),
+    *(
+        sa.Column(f"{m}_{a}", sa.LargeBinary(), nullable=False)
+        for m in ROLLUP_METRICS
+        for a in ("sum", "count", "max")
+    ),
+)
+
+gpu_buckets = sa.Table(
+    "gpu_buckets",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("first_ts", sa.Float(precision=53), primary_key=True),
+    sa.Column("bucket_s", sa.Float(precision=53), nullable=False),
+    # Arrow IPC of per-device stats (stepscope.analysis.rollups.gpu_buckets) of one bucket.
+    sa.Column("arrays", sa.LargeBinary(), nullable=False),
+)
+
+analysis_state = sa.Table(
+    "analysis_state",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("watermark", sa.Float(precision=53), nullable=False),
+    sa.Column("state", sa.JSON(), nullable=False),
+    sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+)
+
+ROLLUP_TABLES = (step_rollups, op_rollups, rank_buckets, gpu_buckets, analysis_state)

@@ -84,7 +84,7 @@ _MUTABLE_JOB_COLUMNS = (
 
 # Plain SQL that SQLite (>= 3.24) and PostgreSQL both accept; built once, executed per batch.
 _CLAIM_COLUMNS = "job_id, rank, incarnation, seq, received_at, num_steps, num_collectives, "
-_CLAIM_COLUMNS += "num_gpu, num_events"
+_CLAIM_COLUMNS += "num_gpu, num_events, first_step, last_step, first_gpu_ts, last_gpu_ts"
 _CLAIM_CHUNK = 1000
 """Batches claimed per statement (SQLite allows 32766 parameters)."""
 _STORED_COUNTS = sa.text(
@@ -120,6 +120,22 @@ class _Pending:
     def key(self) -> tuple[str, int, str, int]:
         """The idempotency key (job_id, rank, incarnation, seq)."""
         return (self.job["job_id"], self.source["rank"], self.source["incarnation"], self.seq)
+
+    @property
+    def extent(self) -> tuple[int | None, int | None, float | None, float | None]:
+        """Smallest and largest step (steps, collectives) and GPU sample time of the batch."""
+        step = [
+            s
+            for name in ("steps", "collectives")
+            for s in self.sections.get(name, {}).get("step", ())
+        ]
+        ts = self.sections.get("gpu", {}).get("ts") or []
+        return (
+            min(step) if step else None,
+            max(step) if step else None,
+            min(ts) if ts else None,
+            max(ts) if ts else None,
+        )
 
     @property
     def counts(self) -> dict[str, int]:
@@ -228,11 +244,11 @@ class BatchWriter:
 def _claim(conn: sa.Connection, group: list[_Pending], now: float) -> set[tuple[Any, ...]]:
     """Record the idempotency keys of a group; the keys that were not stored before."""
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    row = "(" + ", ".join([mark] * 9) + ")"
+    row = "(" + ", ".join([mark] * 13) + ")"
     claimed: set[tuple[Any, ...]] = set()
     for start in range(0, len(group), _CLAIM_CHUNK):
         chunk = group[start : start + _CLAIM_CHUNK]
-        params = tuple(v for p in chunk for v in (*p.key, now, *p.counts.values()))
+        params = tuple(v for p in chunk for v in (*p.key, now, *p.counts.values(), *p.extent))
         result = conn.exec_driver_sql(
             f"INSERT INTO ingest_batches ({_CLAIM_COLUMNS}) VALUES {', '.join([row] * len(chunk))} "
             "ON CONFLICT DO NOTHING RETURNING job_id, rank, incarnation, seq",

@@ -20,6 +20,11 @@ EXPECTED_TABLES = {
     "findings",
     "ingest_batches",
     "api_tokens",
+    "step_rollups",
+    "op_rollups",
+    "rank_buckets",
+    "gpu_buckets",
+    "analysis_state",
     "alembic_version",
 }
 
