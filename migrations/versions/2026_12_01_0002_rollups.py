@@ -37,7 +37,7 @@ def upgrade() -> None:
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("num_ranks", sa.Integer(), nullable=False),
         _float("ts"),
-        *(_float(f"{m}_{q}") for m in METRICS for q in ("min", "p50", "p90", "max")),
+        *(_float(f"{m}_{q}") for m in METRICS for q in ("min", "p50", "p90", "max", "mean")),
         sa.Column("slowest_rank", sa.BigInteger(), nullable=True),
         sa.Column("tokens", sa.BigInteger(), nullable=True),
         sa.Column("samples", sa.BigInteger(), nullable=True),
@@ -89,6 +89,33 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "first_ts", name=op.f("pk_gpu_buckets")),
     )
     op.create_table(
+        "job_summaries",
+        sa.Column("job_id", sa.String(), nullable=False),
+        sa.Column("num_steps", sa.Integer(), nullable=False),
+        sa.Column("first_step", sa.BigInteger(), nullable=True),
+        sa.Column("last_step", sa.BigInteger(), nullable=True),
+        *(
+            _float(n)
+            for n in (
+                "step_p50_s",
+                "step_p90_s",
+                "tokens_per_s",
+                "samples_per_s",
+                "mfu",
+                "data_share",
+                "compute_share",
+                "comm_wait_share",
+            )
+        ),
+        *(
+            sa.Column(f"num_{s}", sa.Integer(), nullable=False)
+            for s in ("info", "warning", "critical")
+        ),
+        sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+        sa.PrimaryKeyConstraint("job_id", name=op.f("pk_job_summaries")),
+    )
+    op.create_index("ix_job_summaries_step_p50_s", "job_summaries", ["step_p50_s"])
+    op.create_table(
         "analysis_state",
         sa.Column("job_id", sa.String(), nullable=False),
         sa.Column("watermark", sa.Float(precision=53), nullable=False),
@@ -99,7 +126,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("analysis_state", "gpu_buckets", "rank_buckets", "op_rollups", "step_rollups"):
+    op.drop_index("ix_job_summaries_step_p50_s", table_name="job_summaries")
+    for table in (
+        "analysis_state",
+        "job_summaries",
+        "gpu_buckets",
+        "rank_buckets",
+        "op_rollups",
+        "step_rollups",
+    ):
         op.drop_table(table)
     op.drop_index("ix_ingest_batches_job_id_received_at", table_name="ingest_batches")
     with op.batch_alter_table("ingest_batches") as batch:

@@ -16,7 +16,8 @@ import polars as pl
 METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
 """Time components of a step rolled up per step and per rank × step bucket."""
 
-QUANTILES = {"min": 0.0, "p50": 0.5, "p90": 0.9, "max": 1.0}
+AGGREGATES = ("min", "p50", "p90", "max", "mean")
+"""Statistics over ranks of each time component in the step rollup ({metric}_{aggregate})."""
 GPU_MEANS = ("util", "power_w", "temp_c", "sm_clock_mhz", "sm_active", "tensor_active")
 """GPU metrics averaged per device and bucket (with temp_c max, sm_clock min, memory max)."""
 
@@ -45,15 +46,15 @@ def step_rollup(
     """
     frame = with_compute(steps)
     stats = [
-        (
-            pl.col(m).min()
-            if q == "min"
-            else pl.col(m).max()
-            if q == "max"
-            else pl.col(m).quantile(level, interpolation="linear")
-        ).alias(f"{m}_{q}")
+        e
         for m in METRICS
-        for q, level in QUANTILES.items()
+        for e in (
+            pl.col(m).min().alias(f"{m}_min"),
+            pl.col(m).quantile(0.5, interpolation="linear").alias(f"{m}_p50"),
+            pl.col(m).quantile(0.9, interpolation="linear").alias(f"{m}_p90"),
+            pl.col(m).max().alias(f"{m}_max"),
+            pl.col(m).mean().alias(f"{m}_mean"),
+        )
     ]
     rollup = (
         frame.lazy()
@@ -237,3 +238,35 @@ def merge_gpu_buckets(buckets: pl.DataFrame, bucket_s: float) -> pl.DataFrame:
         .sort("first_ts", "rank", "gpu_index")
         .collect()
     )
+
+
+def steady_summary(rollup: pl.DataFrame, first_steady_step: int) -> dict[str, float | int | None]:
+    """A job's figures from its step rollup, over the steps from `first_steady_step` (all of
+    them while there are none yet): step time p50/p90 (the job's, i.e. its slowest rank's),
+    median tokens/s, samples/s and MFU, and each time component's share of the ranks' steps."""
+    steady = rollup.filter(pl.col("step") >= first_steady_step)
+    steady = rollup if steady.is_empty() else steady
+    step_s = steady["step_s_max"]
+    total_s = float(steady["step_s_mean"].sum())
+
+    def share(metric: str) -> float | None:
+        part = steady[f"{metric}_mean"]
+        return (
+            None if part.null_count() == part.len() or not total_s else float(part.sum()) / total_s
+        )
+
+    def median(values: pl.Series) -> float | None:
+        value = values.median()
+        return None if value is None else float(value)  # type: ignore[arg-type]
+
+    return {
+        "num_steps": rollup.height,
+        "first_step": int(rollup["step"].min()),  # type: ignore[arg-type]
+        "last_step": int(rollup["step"].max()),  # type: ignore[arg-type]
+        "step_p50_s": median(step_s),
+        "step_p90_s": float(step_s.quantile(0.9, interpolation="linear") or 0.0),
+        "tokens_per_s": median(steady["tokens"] / step_s),
+        "samples_per_s": median(steady["samples"] / step_s),
+        "mfu": median(steady["mfu"]),
+        **{f"{m}_share": share(f"{m}_s") for m in ("data", "compute", "comm_wait")},
+    }

@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +161,8 @@ class JobAnalyzer:
         if arrivals is not None and arrivals.first_gpu_ts is not None:
             self._gpu(state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
 
-        findings = self._job_findings(state, job)
+        rollup = store.read_rows(self.engine, tables.step_rollups, self.job_id)
+        findings = self._job_findings(state, job, rollup)
         if state.plan is not None:
             per_segment = {
                 k: [schema.Finding(**f) for f in found] for k, found in state.segments.items()
@@ -177,6 +179,11 @@ class JobAnalyzer:
             store.save_state(conn, self.job_id, watermark, state.doc(), now)
         queries.replace_findings(self.engine, self.job_id, findings)
         result.findings = queries.load_findings(self.engine, self.job_id)
+        if not rollup.is_empty() and state.plan is not None:
+            summary = compute.steady_summary(rollup, state.plan.base_step)
+            severities = Counter(str(f.severity) for f in result.findings)
+            with self.engine.begin() as conn:
+                store.save_summary(conn, self.job_id, summary, severities, now)
         return result
 
     def _num_ranks(self) -> int:
@@ -292,8 +299,9 @@ class JobAnalyzer:
                 store.write_rank_buckets(conn, self.job_id, width, merged)
         state.bucket_steps = width
 
-    def _job_findings(self, state: _State, job: dict[str, Any]) -> list[schema.Finding]:
-        rollup = store.read_rows(self.engine, tables.step_rollups, self.job_id)
+    def _job_findings(
+        self, state: _State, job: dict[str, Any], rollup: pl.DataFrame
+    ) -> list[schema.Finding]:
         if rollup.is_empty() or state.plan is None:
             return []
         ops = store.read_rows(self.engine, tables.op_rollups, self.job_id)

@@ -153,7 +153,7 @@ def _select(
 
     select = ", ".join(f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]})' for n in names)
     sql = f'SELECT {select} FROM "{spec.name}" WHERE {" AND ".join(where)}'
-    typing_row = False
+    typing_row = dialect == "sqlite"
     if typing_row:
         # ADBC's SQLite driver types a column by its values in the first batch: NULL there
         # makes it int64, and a float or text later fails the read. A first row of typed
@@ -209,7 +209,10 @@ class _Pool:
         # and no PostgreSQL session idle in transaction.
         if self.uri.startswith("postgresql://"):
             return adbc_driver_postgresql.dbapi.connect(self.uri, autocommit=True)
-        return adbc_driver_sqlite.dbapi.connect(self.uri, autocommit=True)
+        conn = adbc_driver_sqlite.dbapi.connect(self.uri, autocommit=True)
+        with conn.cursor() as cursor:  # wait out a writer's lock, as the engine's connections do
+            cursor.execute("PRAGMA busy_timeout = 30000")
+        return conn
 
     def take(self) -> tuple[dbapi.Connection, bool]:
         """An idle connection and True, or a new one and False."""

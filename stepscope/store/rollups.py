@@ -8,7 +8,7 @@ one Arrow IPC blob of per-device statistics per time bucket.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,3 +303,17 @@ def save_state(
     conn.execute(
         sa.insert(t).values(job_id=job_id, watermark=watermark, state=state, updated_at=now)
     )
+
+
+def save_summary(
+    conn: sa.Connection,
+    job_id: str,
+    summary: dict[str, Any],
+    severities: Mapping[str, int],
+    now: float,
+) -> None:
+    """Store a job's summary (stepscope.analysis.rollups.steady_summary) and finding counts."""
+    t = tables.job_summaries
+    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
+    counts = {f"num_{s}": severities.get(s, 0) for s in ("info", "warning", "critical")}
+    conn.execute(sa.insert(t).values(job_id=job_id, **summary, **counts, updated_at=now))

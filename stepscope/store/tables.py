@@ -113,6 +113,8 @@ class ApiToken(Base):
 
 ROLLUP_METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
 """Per-rank time components rolled up per step and per rank × step bucket."""
+ROLLUP_AGGREGATES = ("min", "p50", "p90", "max", "mean")
+"""Their statistics over ranks per step (stepscope.analysis.rollups.AGGREGATES)."""
 
 
 def _floats(*names: str) -> list[sa.Column[Any]]:
@@ -126,7 +128,7 @@ step_rollups = sa.Table(
     sa.Column("step", sa.BigInteger(), primary_key=True),
     sa.Column("num_ranks", sa.Integer(), nullable=False),
     sa.Column("ts", sa.Float(precision=53)),
-    *_floats(*(f"{m}_{q}" for m in ROLLUP_METRICS for q in ("min", "p50", "p90", "max"))),
+    *_floats(*(f"{m}_{q}" for m in ROLLUP_METRICS for q in ROLLUP_AGGREGATES)),
     sa.Column("slowest_rank", sa.BigInteger()),
     sa.Column("tokens", sa.BigInteger()),
     sa.Column("samples", sa.BigInteger()),
@@ -182,4 +184,34 @@ analysis_state = sa.Table(
     sa.Column("updated_at", sa.Float(precision=53), nullable=False),
 )
 
-ROLLUP_TABLES = (step_rollups, op_rollups, rank_buckets, gpu_buckets, analysis_state)
+job_summaries = sa.Table(
+    "job_summaries",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("num_steps", sa.Integer(), nullable=False),
+    sa.Column("first_step", sa.BigInteger()),
+    sa.Column("last_step", sa.BigInteger()),
+    *_floats(
+        "step_p50_s",
+        "step_p90_s",
+        "tokens_per_s",
+        "samples_per_s",
+        "mfu",
+        "data_share",
+        "compute_share",
+        "comm_wait_share",
+    ),
+    *(sa.Column(f"num_{s}", sa.Integer(), nullable=False) for s in ("info", "warning", "critical")),
+    sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+)
+"""One row per analysed job: its steady-state figures and findings by severity, for lists."""
+sa.Index("ix_job_summaries_step_p50_s", job_summaries.c.step_p50_s)
+
+ROLLUP_TABLES = (
+    step_rollups,
+    op_rollups,
+    rank_buckets,
+    gpu_buckets,
+    job_summaries,
+    analysis_state,
+)

@@ -24,6 +24,7 @@ EXPECTED_TABLES = {
     "op_rollups",
     "rank_buckets",
     "gpu_buckets",
+    "job_summaries",
     "analysis_state",
     "alembic_version",
 }
