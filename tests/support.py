@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +70,31 @@ def fresh_postgres_database() -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> Iterator[int]:
+    """Store a synthetic job (stepscope.synth.SynthJob) through the real validator and
+    writer, one round of batches (every rank's next `steps_per_batch` steps) at a time;
+    yields the round number after each round is committed."""
+    import orjson
+
+    from stepscope.collector.validate import parse_batch
+    from stepscope.simulate import rank_batches
+    from stepscope.store.writer import BatchWriter
+
+    per_rank = [
+        list(rank_batches(job, r, steps_per_batch=steps_per_batch))
+        for r in range(job.spec.num_ranks)
+    ]
+    writer = BatchWriter(engine)
+    try:
+        for i in range(len(per_rank[0])):
+            for batches in per_rank:
+                doc = orjson.loads(orjson.dumps(batches[i], option=orjson.OPT_SERIALIZE_NUMPY))
+                batch = parse_batch(doc)
+                writer.write(
+                    job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections
+                )
+            yield i
+    finally:
+        writer.close()

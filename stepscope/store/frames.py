@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
 import adbc_driver_postgresql.dbapi
@@ -68,7 +68,7 @@ def read_frame(
     uri = _adbc_uri(engine.url)
     if uri is None:
         return pl.DataFrame(_read_through_sqlalchemy(engine, query))
-    with _cursor(engine, uri, query) as cursor:
+    with _cursor(engine, uri, query, batch_rows=65536) as cursor:  # few chunks to join
         return pl.DataFrame(_conform(cursor.fetch_arrow_table(), query))
 
 
@@ -150,8 +150,9 @@ def _select(
     keys = spec.key[1:]
     names = [*target.names, *(k for k in keys if k not in target.names)]
     sql_type = {n: _SQL_TYPES[dialect][spec.column(n).dtype] for n in names}
-
-    select = ", ".join(f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]})' for n in names)
+    select = ", ".join(
+        f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]}) AS "{n}"' for n in names
+    )
     sql = f'SELECT {select} FROM "{spec.name}" WHERE {" AND ".join(where)}'
     typing_row = dialect == "sqlite"
     if typing_row:
@@ -214,14 +215,26 @@ class _Pool:
             cursor.execute("PRAGMA busy_timeout = 30000")
         return conn
 
-    def take(self) -> tuple[dbapi.Connection, bool]:
-        """An idle connection and True, or a new one and False."""
+    @contextmanager
+    def cursor(self, query: _Select, batch_rows: int) -> Iterator[dbapi.Cursor]:
+        """A cursor that executed `query`; a connection that failed is closed, not reused."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self.connect(), False
-
-    def give(self, conn: dbapi.Connection) -> None:
+            conn = self._idle.pop() if self._idle else None
+        reused, conn = conn is not None, conn or self.connect()
+        try:
+            try:
+                cursor = _execute(conn, query, batch_rows)
+            except dbapi.Error:
+                if not reused:
+                    raise
+                conn.close()  # the server may have closed it while idle: retry on a new one
+                conn = self.connect()
+                cursor = _execute(conn, query, batch_rows)
+            yield cursor
+            cursor.close()
+        except BaseException:  # a stream left half-read too: that connection is not reused
+            conn.close()
+            raise
         with self._lock:
             if len(self._idle) < _MAX_IDLE_CONNECTIONS:
                 self._idle.append(conn)
@@ -239,46 +252,23 @@ _pools: weakref.WeakKeyDictionary[sa.Engine, _Pool] = weakref.WeakKeyDictionary(
 _pools_lock = threading.Lock()
 
 
-def _pool(engine: sa.Engine, uri: str) -> _Pool:
-    """The engine's ADBC pool; emptied by `engine.dispose()`, closed with the engine."""
+def _cursor(
+    engine: sa.Engine, uri: str, query: _Select, *, batch_rows: int
+) -> AbstractContextManager[dbapi.Cursor]:
+    """A pooled cursor that executed `query`; the pool is emptied by `engine.dispose()`."""
     with _pools_lock:
         pool = _pools.get(engine)
         if pool is None:
             pool = _pools[engine] = _Pool(uri)
             sa.event.listen(engine, "engine_disposed", pool.close)
-            weakref.finalize(engine, pool.close)
-        return pool
+            weakref.finalize(engine, pool.close)  # closes its connections with the engine
+    return pool.cursor(query, batch_rows)
 
 
-def _execute(conn: dbapi.Connection, query: _Select, batch_rows: int | None) -> dbapi.Cursor:
+def _execute(conn: dbapi.Connection, query: _Select, batch_rows: int) -> dbapi.Cursor:
     cursor = conn.cursor()
-    if batch_rows is not None and query.typing_row:
-        # >= 2: the first batch has to hold a stored row after the typing row
+    if query.typing_row:  # >= 2: the first batch must hold a stored row after the typing row
         cursor.adbc_statement.set_options(
             **{"adbc.sqlite.query.batch_rows": str(max(batch_rows, 2))}
         )
     return cursor.execute(query.sql, query.params)
-
-
-@contextmanager
-def _cursor(
-    engine: sa.Engine, uri: str, query: _Select, *, batch_rows: int | None = None
-) -> Iterator[dbapi.Cursor]:
-    """A cursor that executed `query` on a pooled connection; a connection that failed is closed."""
-    pool = _pool(engine, uri)
-    conn, reused = pool.take()
-    try:
-        try:
-            cursor = _execute(conn, query, batch_rows)
-        except dbapi.Error:
-            if not reused:
-                raise
-            conn.close()  # the server may have closed it while idle: retry once on a new one
-            conn = pool.connect()
-            cursor = _execute(conn, query, batch_rows)
-        yield cursor
-        cursor.close()
-    except BaseException:  # also a stream left half-read: never hand that connection out again
-        conn.close()
-        raise
-    pool.give(conn)
