@@ -91,6 +91,50 @@ def db_upgrade(db: DbOption = None) -> None:
     console.print(f"database at revision {current_revision(engine)}")
 
 
+_DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration_s(text: str) -> float:
+    """'30d', '12h', '90m', '45s' or '2w' in seconds."""
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        if unit not in _DURATION_UNITS_S or float(number) < 0:
+            raise ValueError
+        return float(number) * _DURATION_UNITS_S[unit]
+    except ValueError:
+        raise fail(
+            f"bad duration {text!r}: expected a number and a unit, e.g. 30d, 12h, 90m"
+        ) from None
+
+
+@db_app.command("prune")
+def db_prune(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Age of the jobs to prune: 30d, 12h, 90m…")
+    ],
+    keep_rollups: Annotated[
+        bool,
+        typer.Option(
+            "--keep-rollups", help="Delete only raw rows; keep summaries, rollups and findings"
+        ),
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Delete jobs finished (or silent) for longer than --older-than."""
+    import time
+
+    from stepscope.store.engine import make_engine
+    from stepscope.store.migrate import ensure_current
+    from stepscope.store.retention import prune
+
+    engine = make_engine(_database_url(db))
+    ensure_current(engine, auto_upgrade=engine.dialect.name == "sqlite")
+    result = prune(engine, before=time.time() - _duration_s(older_than), keep_rollups=keep_rollups)
+    rows = sum(result.deleted_rows.values())
+    what = "raw rows of" if keep_rollups else "everything about"
+    console.print(f"pruned {what} {len(result.job_ids)} job(s): {rows} rows deleted")
+
+
 @token_app.command("create")
 def token_create(
     scope: Annotated[list[str], typer.Option("--scope", help="ingest, read or admin (repeatable)")],
@@ -247,6 +291,9 @@ def analyze(
     ] = None,
     gpu_file: Annotated[Path | None, typer.Option("--gpu", help="GPU samples parquet")] = None,
     output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    full: Annotated[
+        bool, typer.Option("--full", help="Stored job: rebuild rollups and findings from scratch")
+    ] = False,
 ) -> None:
     """Find stragglers, stalls, slow collectives and throughput drops in a job."""
     if output not in ("table", "json"):
@@ -254,15 +301,21 @@ def analyze(
     if (job_id is None) == (steps_file is None):
         raise fail("give either a JOB_ID (stored job) or --steps FILE (offline), not both")
     if job_id is not None:
-        from stepscope.api.analyzer import analyze_stored_job
+        from stepscope.api.analyzer import RawRowsPrunedError, analyze_stored_job
         from stepscope.store.engine import make_engine
         from stepscope.store.queries import load_job
 
         engine = make_engine(_database_url(db))
         if load_job(engine, job_id) is None:
             raise fail(f"no job {job_id!r} in {_database_url(db)}")
-        _print_findings(analyze_stored_job(engine, job_id), output)
+        try:
+            findings = analyze_stored_job(engine, job_id, full=full)
+        except RawRowsPrunedError as exc:
+            raise fail(str(exc)) from None
+        _print_findings(findings, output)
         return
+    if full:
+        raise fail("--full re-analyses a stored JOB_ID; offline files are always read in full")
     import polars as pl
 
     from stepscope.analysis import analyze as run_analysis

@@ -51,6 +51,10 @@ _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
 
 
+class RawRowsPrunedError(RuntimeError):
+    """A full re-analysis of a job whose raw rows `stepscope db prune` deleted."""
+
+
 @dataclass(kw_only=True, slots=True)
 class PassResult:
     """What one pass did."""
@@ -71,6 +75,8 @@ class _State:
     last_step: int | None = None
     first_gpu_ts: float | None = None
     last_gpu_ts: float | None = None
+    raw_pruned_before: float | None = None
+    """Set by `stepscope db prune --keep-rollups`: only rollups remain of older rows."""
     pending_from: int | None = None
     """Smallest step held back from the step rollups: not every rank has reported it yet."""
     overlap_batches: int = 0
@@ -100,6 +106,7 @@ class _State:
             "first_gpu_ts": self.first_gpu_ts,
             "last_gpu_ts": self.last_gpu_ts,
             "pending_from": self.pending_from,
+            "raw_pruned_before": self.raw_pruned_before,
             "overlap_batches": self.overlap_batches,
             "segments": {str(k): v for k, v in self.segments.items()},
         }
@@ -130,10 +137,16 @@ class JobAnalyzer:
 
     def run(self, *, full: bool = False) -> PassResult:
         """One pass: from the stored watermark, or from scratch with `full`."""
+        loaded = store.load_state(self.engine, self.job_id)
         if full:
+            if loaded is not None and loaded[1].get("raw_pruned_before") is not None:
+                raise RawRowsPrunedError(
+                    f"the raw rows of job {self.job_id} were pruned: a full re-analysis would "
+                    "lose its rollups and findings"
+                )
             with self.engine.begin() as conn:
                 store.delete_job_rollups(conn, self.job_id)
-        loaded = store.load_state(self.engine, self.job_id)
+            loaded = None
         state = _State() if loaded is None else _State.of(loaded[1])
         watermark = -math.inf if loaded is None else loaded[0]
         arrivals = store.arrivals_since(self.engine, self.job_id, watermark)

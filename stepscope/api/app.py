@@ -24,7 +24,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     ensure_current(engine, auto_upgrade=is_sqlite(engine))
     analyzer = BackgroundAnalyzer(
-        engine, interval_s=settings.analyze_interval_s, active_within_s=settings.active_within_s
+        engine,
+        interval_s=settings.analyze_interval_s,
+        active_within_s=settings.active_within_s,
+        grace_s=settings.rollup_grace_s,
     )
     writer = BatchWriter(engine)
 

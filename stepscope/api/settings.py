@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     """How often active jobs are re-analysed; 0 disables the background analyzer."""
     active_within_s: float = Field(default=600.0, gt=0)
     """A job is active while some rank sent a batch within this many seconds."""
+    rollup_grace_s: float = Field(default=30.0, ge=0)
+    """A step is rolled up once every rank reported it, or when it ended this long ago."""
 
 
 def is_loopback(host: str) -> bool:
