@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import polars as pl
 
 from stepscope.analysis.collectives import (
     CommEvidence,
+    OpGrid,
     finish_times,
     op_grids,
     slow_collective_findings,
@@ -22,7 +24,7 @@ from stepscope.analysis.collectives import (
 )
 from stepscope.analysis.config import AnalysisConfig
 from stepscope.analysis.findings import findings_to_frame
-from stepscope.analysis.grid import Grid, Matrix, column_sample, rank_median
+from stepscope.analysis.grid import Grid, Ints, Matrix, column_sample, rank_median
 from stepscope.analysis.jobs import dataloader_findings
 from stepscope.analysis.rollups import op_rollup, step_rollup
 from stepscope.analysis.segments import SegmentPlan, stitch
@@ -90,23 +92,27 @@ def analyze(
         collectives_df = _select(collectives, tuple(c for c in COLLECTIVES.names if c != "job_id"))
     if collectives_df is not None and collectives_df.is_empty():
         collectives_df = None
-    rollup = step_rollup(steps_df)
-    plan = SegmentPlan.of(
-        int(rollup["step"][0]), int(job.get("world_size") or steps_df["rank"].n_unique()), config
-    )
-    findings = job_findings(
-        rollup, None if collectives_df is None else op_rollup(collectives_df), job, plan, config
-    )
+    grid = Grid.of(steps_df["rank"].to_numpy(), steps_df["step"].to_numpy())
+    # Only the rollup columns the job-level detectors read (the store keeps them all).
+    rollup = step_rollup(steps_df, spread=False, grid=grid)
+    ops = None
+    if collectives_df is not None:
+        ops = op_rollup(collectives_df, spread=False, grid=grid)
+    plan = SegmentPlan.of(int(grid.steps[0]), int(job.get("world_size") or grid.ranks.size), config)
+    findings = job_findings(rollup, ops, job, plan, config)
+    matrices = RankMatrices.of(steps_df, collectives_df, grid)
+    times = _StepTimes(steps_df, grid)
     nodes = _Nodes(steps, ranks)
-    step_parts = _segment_parts(steps_df, plan)
-    collective_parts = {} if collectives_df is None else _segment_parts(collectives_df, plan)
-    per_segment = {
-        k: plan.owned(
-            k,
-            rank_findings(job_id, part, collective_parts.get(k), gpu, nodes=nodes, config=config),
-        )
-        for k, part in step_parts.items()
-    }
+    per_segment = {}
+    for k in range(plan.index(int(grid.steps[-1])) + 1):
+        first, last = plan.span(k)
+        a = int(np.searchsorted(grid.steps, first, side="left"))
+        b = int(np.searchsorted(grid.steps, last, side="right"))
+        if b > a:
+            found = _rank_findings(
+                job_id, matrices.rows(a, b), times, gpu, nodes=nodes, config=config
+            )
+            per_segment[k] = plan.owned(k, found)
     return _stamped(findings + stitch(plan, per_segment))
 
 
@@ -129,22 +135,62 @@ def job_findings(
     return findings
 
 
-def _segment_parts(rows: pl.DataFrame, plan: SegmentPlan) -> dict[int, pl.DataFrame]:
-    """Each segment's rows (context included) of a frame with a step column."""
-    rows = rows.filter(pl.col("step") >= plan.base_step)
-    if rows.is_empty():
-        return {}
-    segment = ((pl.col("step") - plan.base_step) // plan.segment_steps).alias("_segment")
-    parts = rows.with_columns(segment).partition_by("_segment", as_dict=True, include_key=False)
-    by_index = {int(k[0]): v for k, v in parts.items()}
-    out = {}
-    for k, part in sorted(by_index.items()):
-        before = by_index.get(k - 1)
-        if before is not None:
-            context = before.filter(pl.col("step") >= plan.span(k)[0])
-            part = pl.concat([context, part])
-        out[k] = part
-    return out
+@dataclass(kw_only=True, slots=True)
+class RankMatrices:
+    """A job's per-step metrics as (steps × ranks) matrices, and its collectives on the grid."""
+
+    ranks: Ints
+    steps: Ints
+    step_s: Matrix
+    data_s: Matrix
+    compute_s: Matrix
+    comm_wait_s: Matrix | None
+    ops: list[OpGrid]
+
+    @classmethod
+    def of(
+        cls, steps_df: pl.DataFrame, collectives_df: pl.DataFrame | None, grid: Grid
+    ) -> RankMatrices:
+        """The matrices of these step (and collective) rows laid out on `grid`."""
+
+        def matrix(column: str) -> Matrix | None:
+            if column not in steps_df.columns or steps_df[column].null_count() == steps_df.height:
+                return None
+            return grid.matrix(steps_df[column].to_numpy())
+
+        step_s = matrix("step_s")
+        data_s = matrix("data_s")
+        if step_s is None or data_s is None:
+            raise ValueError("steps need step_s and data_s (stepscope.schema.STEPS)")
+        comm_wait_s = matrix("comm_wait_s")
+        derived = step_s - data_s - (comm_wait_s if comm_wait_s is not None else 0.0)
+        compute_s = matrix("compute_s")
+        if compute_s is not None:
+            derived = np.where(np.isnan(compute_s), derived, compute_s)
+        ops = []
+        if collectives_df is not None and not collectives_df.is_empty():
+            ops = op_grids(collectives_df, grid, 0)
+        return cls(
+            ranks=grid.ranks,
+            steps=grid.steps,
+            step_s=step_s,
+            data_s=data_s,
+            compute_s=derived,
+            comm_wait_s=comm_wait_s,
+            ops=ops,
+        )
+
+    def rows(self, a: int, b: int) -> RankMatrices:
+        """Steps a..b-1 (positions on the step axis), as views."""
+        return RankMatrices(
+            ranks=self.ranks,
+            steps=self.steps[a:b],
+            step_s=self.step_s[a:b],
+            data_s=self.data_s[a:b],
+            compute_s=self.compute_s[a:b],
+            comm_wait_s=None if self.comm_wait_s is None else self.comm_wait_s[a:b],
+            ops=[op.rows(a, b) for op in self.ops],
+        )
 
 
 def rank_findings(
@@ -160,63 +206,58 @@ def rank_findings(
     if steps_df.is_empty():
         return []
     grid = Grid.of(steps_df["rank"].to_numpy(), steps_df["step"].to_numpy())
-    if grid.steps.size < config.window_steps:
+    matrices = RankMatrices.of(steps_df, collectives_df, grid)
+    times = _StepTimes(steps_df, grid)
+    return _rank_findings(job_id, matrices, times, gpu, nodes=nodes, config=config)
+
+
+def _rank_findings(
+    job_id: str,
+    m: RankMatrices,
+    times: _StepTimes,
+    gpu: Frame | GpuSource | None,
+    *,
+    nodes: Mapping[int, str],
+    config: AnalysisConfig,
+) -> list[Finding]:
+    if m.steps.size < config.window_steps:
         return []
+    stride = max(1, m.ranks.size // _MAX_REFERENCE_RANKS)
+    reference_step_s = rank_median(m.step_s[:, ::stride])
+    data_median_s = rank_median(column_sample(m.data_s))
 
-    def matrix(column: str) -> Matrix | None:
-        if column not in steps_df.columns or steps_df[column].null_count() == steps_df.height:
-            return None
-        return grid.matrix(steps_df[column].to_numpy())
-
-    step_s = matrix("step_s")
-    data_s = matrix("data_s")
-    if step_s is None or data_s is None:
-        raise ValueError("steps need step_s and data_s (stepscope.schema.STEPS)")
-    comm_wait_s = matrix("comm_wait_s")
-    derived = step_s - data_s - (comm_wait_s if comm_wait_s is not None else 0.0)
-    compute_s = matrix("compute_s")
-    compute_s = derived if compute_s is None else np.where(np.isnan(compute_s), derived, compute_s)
-    stride = max(1, grid.ranks.size // _MAX_REFERENCE_RANKS)
-    reference_step_s = rank_median(step_s[:, ::stride])
-    data_median_s = rank_median(column_sample(data_s))
-
-    channels = {"compute": compute_s, "data": data_s}
-    ops = (
-        []
-        if collectives_df is None or collectives_df.is_empty()
-        else op_grids(collectives_df, grid, 0)
-    )
-    if ops:
-        ready_s = None if comm_wait_s is None else step_s - comm_wait_s
-        channels["communication"] = finish_times(ops, ready_s)
+    channels = {"compute": m.compute_s, "data": m.data_s}
+    if m.ops:
+        ready_s = None if m.comm_wait_s is None else m.step_s - m.comm_wait_s
+        channels["communication"] = finish_times(m.ops, ready_s)
 
     gpu_evidence = None
-    if gpu is not None and "ts" in steps_df.columns:
+    if gpu is not None and times.has_ts:
         # Telemetry is read only if a rank is slow to compute, and only its rows and peers'.
-        gpu_evidence = GpuEvidence(gpu, _StepTimes(steps_df, grid), config, ranks=grid.ranks)
+        gpu_evidence = GpuEvidence(gpu, times, config, ranks=m.ranks)
     stragglers = straggler_findings(
         StragglerInput(
             job_id=job_id,
-            ranks=grid.ranks,
-            steps=grid.steps,
-            step_s=step_s,
+            ranks=m.ranks,
+            steps=m.steps,
+            step_s=m.step_s,
             reference_step_s=reference_step_s,
             channels=channels,
             medians={"data": data_median_s},
-            comm_wait_s=comm_wait_s,
-            transfer_s=transfer_times(ops) if ops else None,
-            compute_includes_wait=comm_wait_s is None,
+            comm_wait_s=m.comm_wait_s,
+            transfer_s=transfer_times(m.ops) if m.ops else None,
+            compute_includes_wait=m.comm_wait_s is None,
             nodes=nodes,
             gpu_evidence=gpu_evidence,
-            comm_evidence=CommEvidence(ops, grid.steps, grid.ranks) if ops else None,
+            comm_evidence=CommEvidence(m.ops, m.steps, m.ranks) if m.ops else None,
         ),
         config,
     )
     return stragglers + dataloader_findings(
         job_id=job_id,
-        ranks=grid.ranks,
-        steps=grid.steps,
-        data_s=data_s,
+        ranks=m.ranks,
+        steps=m.steps,
+        data_s=m.data_s,
         data_median_s=data_median_s,
         reference_step_s=reference_step_s,
         data_straggler_ranks={r for f in stragglers if f.cause == "data" for r in f.ranks},
@@ -267,6 +308,10 @@ class _StepTimes:
     def __init__(self, steps: pl.DataFrame, grid: Grid) -> None:
         self._steps = steps
         self._grid = grid
+
+    @property
+    def has_ts(self) -> bool:
+        return "ts" in self._steps.columns
 
     def __call__(self, window: tuple[int, int, int]) -> tuple[float, float] | None:
         rank, first_step, last_step = window

@@ -39,6 +39,16 @@ class OpGrid:
     def factor(self) -> float:
         return busbw_factor(self.op, self.group_size)
 
+    def rows(self, a: int, b: int) -> OpGrid:
+        """Steps a..b-1 of the grid, as views."""
+        return OpGrid(
+            op=self.op,
+            group_size=self.group_size,
+            busy_s=self.busy_s[a:b],
+            bytes=self.bytes[a:b],
+            count=self.count[a:b],
+        )
+
 
 def op_grids(collectives: pl.DataFrame, grid: Grid, start: int) -> list[OpGrid]:
     """Each op of `collectives` placed on `grid`, keeping step rows from `start`."""

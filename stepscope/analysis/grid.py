@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -80,17 +81,22 @@ class Grid:
     def shape(self) -> tuple[int, int]:
         return (self.steps.size, self.ranks.size)
 
-    def matrix(self, values: NDArray[np.generic], keep: NDArray[np.bool_] | None = None) -> Matrix:
-        """`values` (one per input row) as a (steps, ranks) float32 matrix, NaN where missing."""
+    def matrix(
+        self,
+        values: NDArray[np.generic],
+        keep: NDArray[np.bool_] | None = None,
+        dtype: type[np.floating[Any]] = np.float32,
+    ) -> NDArray[Any]:
+        """`values` (one per input row) as a (steps, ranks) matrix, NaN where missing."""
         v = values if keep is None else values[keep]
         if self.flat is None:
-            v32 = v.astype(np.float32, copy=False)
+            v32 = v.astype(dtype, copy=False)
             if self.transposed:
                 # A column-major view, not a copy: a rank's steps stay contiguous, and
                 # elementwise work over the matrix runs as fast either way.
                 return v32.reshape(self.shape[::-1]).T
             return v32.reshape(self.shape)
-        out = np.full(self.shape[0] * self.shape[1], np.nan, dtype=np.float32)
+        out = np.full(self.shape[0] * self.shape[1], np.nan, dtype=dtype)
         out[self.flat] = v
         return out.reshape(self.shape)
 

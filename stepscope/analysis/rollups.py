@@ -10,8 +10,15 @@ steps, or seconds), so doubling the width merges pairs of stored buckets exactly
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import polars as pl
+from numpy.typing import NDArray
+
+from stepscope.analysis.grid import Grid
+
+Floats = NDArray[np.float64]
 
 METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
 """Time components of a step rolled up per step and per rank × step bucket."""
@@ -39,44 +46,79 @@ def with_compute(steps: pl.DataFrame) -> pl.DataFrame:
 
 
 def step_rollup(
-    steps: pl.DataFrame, *, peak_flops: float | None = None, world_size: int | None = None
+    steps: pl.DataFrame,
+    *,
+    peak_flops: float | None = None,
+    world_size: int | None = None,
+    spread: bool = True,
+    grid: Grid | None = None,
 ) -> pl.DataFrame:
-    """Per step: ranks reporting, earliest start, min/p50/p90/max of each time component, the
-    slowest rank, summed work (null where no rank reported it) and job MFU (null without a peak).
+    """Per step: ranks reporting, earliest start, min/p50/p90/max/mean of each time component,
+    the slowest rank (the lowest of tied ranks), summed work (null where no rank reported it)
+    and job MFU (null without a peak).
+
+    Without `spread`, only what the job-level detectors read: the time components' max alone.
+    `grid` is the frame's Grid when the caller has it.
     """
     frame = with_compute(steps)
-    stats = [
-        e
-        for m in METRICS
-        for e in (
-            pl.col(m).min().alias(f"{m}_min"),
-            pl.col(m).quantile(0.5, interpolation="linear").alias(f"{m}_p50"),
-            pl.col(m).quantile(0.9, interpolation="linear").alias(f"{m}_p90"),
-            pl.col(m).max().alias(f"{m}_max"),
-            pl.col(m).mean().alias(f"{m}_mean"),
+    grid = grid or Grid.of(frame["rank"].to_numpy(), frame["step"].to_numpy())
+
+    def matrix(column: str) -> Floats:
+        return np.ascontiguousarray(grid.matrix(frame[column].to_numpy(), dtype=np.float64))
+
+    step_s = matrix("step_s")
+    present = ~np.isnan(step_s)
+    columns: dict[str, Any] = {
+        "step": grid.steps,
+        "num_ranks": present.sum(axis=1),
+        "ts": _row_stats(matrix("ts"), ("min",))["min"],
+    }
+    for m in METRICS if spread else ("step_s",):
+        stats = _row_stats(
+            step_s if m == "step_s" else matrix(m), AGGREGATES if spread else ("max",)
         )
-    ]
+        columns.update({f"{m}_{a}": v for a, v in stats.items()})
+    columns["slowest_rank"] = grid.ranks[np.where(present, step_s, -np.inf).argmax(axis=1)]
+    for c in _WORK:
+        x = matrix(c)
+        reported = (~np.isnan(x)).sum(axis=1)
+        columns[c] = np.where(reported > 0, np.nansum(x, axis=1), np.nan)
+        if c == "flops":
+            columns["num_flops_ranks"] = reported
     rollup = (
-        frame.lazy()
-        .sort("step", "rank")
-        .group_by("step")
-        .agg(
-            pl.len().cast(pl.Int64).alias("num_ranks"),
-            pl.col("ts").min(),
-            *stats,
-            pl.col("rank").get(pl.col("step_s").arg_max()).alias("slowest_rank"),
-            *(pl.when(pl.col(c).count() > 0).then(pl.col(c).sum()).alias(c) for c in _WORK),
-            pl.col("flops").count().cast(pl.Int64).alias("num_flops_ranks"),
-        )
-        .with_columns(
-            pl.col("tokens").cast(pl.Int64),
-            pl.col("samples").cast(pl.Int64),
-            pl.col("flops").cast(pl.Float64),
-        )
-        .sort("step")
-        .collect()
+        pl.DataFrame(columns)
+        .fill_nan(None)
+        .with_columns(pl.col("tokens", "samples").cast(pl.Int64), pl.col("flops").cast(pl.Float64))
     )
     return rollup.with_columns(mfu(rollup, peak_flops, world_size))
+
+
+def _row_stats(x: Floats, wanted: tuple[str, ...]) -> dict[str, Floats]:
+    """Per row of x, ignoring NaN: min, p50, p90, max (linear interpolation) and mean."""
+    n = (~np.isnan(x)).sum(axis=1)
+    out: dict[str, Floats] = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if "min" in wanted:
+            out["min"] = np.fmin.reduce(x, axis=1)
+        if "max" in wanted:
+            out["max"] = np.fmax.reduce(x, axis=1)
+        if "mean" in wanted:
+            out["mean"] = np.nansum(x, axis=1) / n
+        quantiles = [a for a in wanted if a in _LEVELS]
+        if quantiles:
+            ordered = np.sort(x, axis=1)  # NaN last
+            rows = np.arange(x.shape[0])
+            for a in quantiles:
+                position = np.maximum(n - 1, 0) * _LEVELS[a]
+                lo = np.floor(position).astype(np.int64)
+                below, above = ordered[rows, lo], ordered[rows, np.ceil(position).astype(np.int64)]
+                out[a] = below + (above - below) * (position - lo)
+    for values in out.values():
+        values[n == 0] = np.nan
+    return {a: out[a] for a in wanted}
+
+
+_LEVELS = {"p50": 0.5, "p90": 0.9}
 
 
 def mfu(rollup: pl.DataFrame, peak_flops: float | None, world_size: int | None) -> pl.Series:
@@ -105,30 +147,69 @@ def _busbw_factor() -> pl.Expr:
     )
 
 
-def op_rollup(collectives: pl.DataFrame) -> pl.DataFrame:
+def op_rollup(
+    collectives: pl.DataFrame, *, spread: bool = True, grid: Grid | None = None
+) -> pl.DataFrame:
     """Per (step, op): ranks, group size, median calls and bytes over ranks, busy time spread,
-    and bus bandwidth (per rank: bytes × factor / busy time) min and median over ranks."""
-    busbw = pl.col("bytes").cast(pl.Float64) * _busbw_factor() / pl.col("busy_s")
-    return (
-        collectives.lazy()
-        .with_columns(
-            pl.when(pl.col("busy_s") > 0).then(busbw).alias("_busbw"),
-        )
-        .group_by("step", "op")
-        .agg(
-            pl.len().cast(pl.Int64).alias("num_ranks"),
-            pl.col("group_size").max().cast(pl.Int64),
-            pl.col("count").cast(pl.Float64).median().alias("count"),
-            pl.col("bytes").cast(pl.Float64).median().alias("bytes"),
-            pl.col("busy_s").min().alias("busy_s_min"),
-            pl.col("busy_s").median().alias("busy_s_p50"),
-            pl.col("busy_s").max().alias("busy_s_max"),
-            pl.col("_busbw").min().alias("busbw_min_bps"),
-            pl.col("_busbw").median().alias("busbw_p50_bps"),
-        )
-        .sort("step", "op")
-        .collect()
+    and bus bandwidth (per rank: bytes × factor / busy time) min and median over ranks.
+
+    Without `spread`, only what slow_collective reads (no busy_s p50/max, no busbw). `grid`:
+    the Grid of the job's steps, reused for ops whose rows have its layout.
+    """
+    rows = collectives
+    if spread:
+        busbw = pl.col("bytes").cast(pl.Float64) * _busbw_factor() / pl.col("busy_s")
+        rows = rows.with_columns(pl.when(pl.col("busy_s") > 0).then(busbw).alias("_busbw"))
+    ops = rows["op"]
+    single = not (ops != ops[0]).any() if len(ops) else True
+    parts = []
+    groups = (
+        [(ops[0], rows)]
+        if single and len(ops)
+        else sorted(((k[0], v) for k, v in rows.partition_by("op", as_dict=True).items()))
     )
+    for op, part in groups:
+        rank, step = part["rank"].to_numpy(), part["step"].to_numpy()
+        placed = None if grid is None else grid.placed(rank, step)
+        if placed is not None and placed[1] is None:
+            op_grid = placed[0]
+        else:
+            op_grid = Grid.of(rank, step)
+
+        def matrix(column: str, on: Grid = op_grid, of: pl.DataFrame = part) -> Floats:
+            values = of[column].to_numpy()
+            return np.ascontiguousarray(on.matrix(values, dtype=np.float64))
+
+        group_size = matrix("group_size")
+        columns = {
+            "step": op_grid.steps,
+            "op": [op] * op_grid.steps.size,
+            "num_ranks": (~np.isnan(group_size)).sum(axis=1),
+            "group_size": _row_stats(group_size, ("max",))["max"],
+            "count": _row_stats(matrix("count"), ("p50",))["p50"],
+            "bytes": _row_stats(matrix("bytes"), ("p50",))["p50"],
+        }
+        busy = _row_stats(matrix("busy_s"), ("min", "p50", "max") if spread else ("min",))
+        columns.update({f"busy_s_{a}": v for a, v in busy.items()})
+        if spread:
+            bandwidth = _row_stats(matrix("_busbw"), ("min", "p50"))
+            columns.update({f"busbw_{a}_bps": v for a, v in bandwidth.items()})
+        frame = pl.DataFrame(columns).fill_nan(None)
+        parts.append(frame.with_columns(pl.col("group_size").cast(pl.Int64)))
+    if not parts:
+        return pl.DataFrame(schema=_OP_ROLLUP_SCHEMA)
+    return pl.concat(parts).sort("step", "op")
+
+
+_OP_ROLLUP_SCHEMA = {
+    "step": pl.Int64,
+    "op": pl.String,
+    "num_ranks": pl.Int64,
+    "group_size": pl.Int64,
+    **dict.fromkeys(("count", "bytes", "busy_s_min", "busy_s_p50", "busy_s_max"), pl.Float64),
+    "busbw_min_bps": pl.Float64,
+    "busbw_p50_bps": pl.Float64,
+}
 
 
 def bucket_width(first: float, last: float, *, unit: float = 1.0) -> float:
