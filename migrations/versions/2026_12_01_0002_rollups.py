@@ -31,6 +31,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_ingest_batches_job_id_received_at", "ingest_batches", ["job_id", "received_at"]
     )
+    op.create_index("ix_gpu_samples_job_id_ts", "gpu_samples", ["job_id", "ts"])
     op.create_table(
         "step_rollups",
         sa.Column("job_id", sa.String(), nullable=False),
@@ -136,6 +137,7 @@ def downgrade() -> None:
         "step_rollups",
     ):
         op.drop_table(table)
+    op.drop_index("ix_gpu_samples_job_id_ts", table_name="gpu_samples")
     op.drop_index("ix_ingest_batches_job_id_received_at", table_name="ingest_batches")
     with op.batch_alter_table("ingest_batches") as batch:
         for column in ("last_gpu_ts", "first_gpu_ts", "last_step", "first_step"):

@@ -165,7 +165,7 @@ class JobAnalyzer:
         state.first_step, state.last_step = _widen(state.first_step, state.last_step, lo, hi)
         if lo is not None and state.first_step is not None and state.last_step is not None:
             if state.plan is None:
-                num_ranks = int(job.get("world_size") or self._num_ranks())
+                num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
                 state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
             self._rebucket_steps(state)
             result.rolled_up_steps, state.pending_from = self._steps(
@@ -199,9 +199,6 @@ class JobAnalyzer:
                 store.save_summary(conn, self.job_id, summary, severities, now)
         return result
 
-    def _num_ranks(self) -> int:
-        return len(frames.read_frame(self.engine, "ranks", self.job_id, columns=["rank"]))
-
     # --- steps and collectives: rollups and segments -------------------------------------
 
     def _steps(
@@ -217,6 +214,7 @@ class JobAnalyzer:
         ] or [[]]
         b = state.bucket_steps
         rolled_up, pending = 0, None
+        ranks = sorted(self._nodes_and_ranks()[1])
         for i, group in enumerate(groups):
             # This read's share of the dirty steps (the first also takes the warm-up's), and
             # what it must read: those steps' whole rank buckets and its segments' spans.
@@ -227,6 +225,7 @@ class JobAnalyzer:
                 read_lo, read_hi = _widen(
                     read_lo, read_hi, plan.span(group[0])[0], plan.span(group[-1])[1]
                 )
+            # With the ranks listed, the (job_id, rank, step) key serves the step range.
             steps, collectives = (
                 frames.read_frame(
                     self.engine,
@@ -235,6 +234,7 @@ class JobAnalyzer:
                     columns=columns,
                     from_step=read_lo,
                     to_step=read_hi,
+                    ranks=ranks,
                 )
                 for table, columns in (
                     ("steps", _STEP_COLUMNS),
@@ -246,7 +246,7 @@ class JobAnalyzer:
                 rolled_up += n
                 if held is not None:
                     pending = held if pending is None else min(pending, held)
-            nodes = self._nodes()
+            nodes = self._nodes_and_ranks()[0]
             for k in group:
                 in_span = pl.col("step").is_between(*plan.span(k))
                 span_steps = steps.filter(in_span)
@@ -320,10 +320,11 @@ class JobAnalyzer:
         ops = store.read_rows(self.engine, tables.op_rollups, self.job_id)
         return job_findings(rollup, None if ops.is_empty() else ops, job, state.plan, self.config)
 
-    def _nodes(self) -> dict[int, str]:
+    def _nodes_and_ranks(self) -> tuple[dict[int, str], list[int]]:
         ranks = frames.read_frame(self.engine, "ranks", self.job_id, columns=["rank", "node"])
-        ranks = ranks.drop_nulls("node")
-        return dict(zip(ranks["rank"].to_list(), ranks["node"].to_list(), strict=True))
+        named = ranks.drop_nulls("node")
+        nodes = dict(zip(named["rank"].to_list(), named["node"].to_list(), strict=True))
+        return nodes, ranks["rank"].to_list()
 
     def _gpu_source(self, steps: pl.DataFrame) -> Any:
         """Reads the GPU samples of some ranks over these steps' time, when asked."""

@@ -61,6 +61,8 @@ gpu_samples = _record_table(schema.GPU)
 events = _record_table(schema.EVENTS)
 findings = _record_table(schema.FINDINGS, surrogate_id=True)
 sa.Index("ix_findings_job_id", findings.c.job_id)
+sa.Index("ix_gpu_samples_job_id_ts", gpu_samples.c.job_id, gpu_samples.c.ts)
+"""Time-range reads of all ranks' samples (GPU rollups); the key leads with rank."""
 
 RECORD_TABLES: dict[str, sa.Table] = {
     "steps": steps,

@@ -1,0 +1,48 @@
+"""The query layer (DESIGN §6): typed questions about stored jobs, answered from rollups.
+
+The REST API, the dashboard and `stepscope check` call these in-process. Each takes an
+engine and a job id and returns frozen dataclasses of numpy arrays or plain values; the
+SQL lives in `stepscope.store.reads`, the statistics here. An unknown job raises
+JobNotFound; a bad argument raises ValueError naming it and its allowed values.
+"""
+
+from stepscope.query.collectives import CollectiveStats, OpSeries, SizeStats, collective_stats
+from stepscope.query.common import JobNotFound
+from stepscope.query.exports import FORMATS, MEDIA_TYPES, TABLES, export
+from stepscope.query.gpu import GpuSeries, gpu_series
+from stepscope.query.heatmaps import Heatmap, decode_values, heatmap
+from stepscope.query.jobs import JobFilters, JobRow, JobsPage, list_jobs
+from stepscope.query.ranks import RankTable, rank_table
+from stepscope.query.series import Band, Series, step_band, step_series
+from stepscope.query.summary import JobSummary, StoredFinding, findings, job_summary
+
+__all__ = [
+    "FORMATS",
+    "MEDIA_TYPES",
+    "TABLES",
+    "Band",
+    "CollectiveStats",
+    "GpuSeries",
+    "Heatmap",
+    "JobFilters",
+    "JobNotFound",
+    "JobRow",
+    "JobSummary",
+    "JobsPage",
+    "OpSeries",
+    "RankTable",
+    "Series",
+    "SizeStats",
+    "StoredFinding",
+    "collective_stats",
+    "decode_values",
+    "export",
+    "findings",
+    "gpu_series",
+    "heatmap",
+    "job_summary",
+    "list_jobs",
+    "rank_table",
+    "step_band",
+    "step_series",
+]

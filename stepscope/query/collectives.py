@@ -1,0 +1,119 @@
+"""Collective bandwidth of a job per op and message size, and over steps, from op rollups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import sqlalchemy as sa
+from numpy.typing import NDArray
+
+from stepscope import schema
+from stepscope.query.common import check_at_least, require_job
+from stepscope.query.downsample import band_indices, finite
+from stepscope.store import reads, tables
+
+_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
+_COLUMNS += ["busbw_min_bps", "busbw_p50_bps"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizeStats:
+    """Per (op, message-size bucket): steps and median bandwidths over those steps.
+
+    The size bucket is floor(log2(bytes per call)), bytes per call being the median over
+    ranks of a step's bytes / calls. busbw_p50_bps is the median of the steps' median-rank
+    bus bandwidth (waiting included); transfer_busbw_p50_bps and algbw_p50_bps use the
+    fastest rank's busy time, the best estimate of pure transfer (nccl-tests conventions).
+    """
+
+    op: list[str]
+    size_log2: NDArray[np.int64]
+    num_steps: NDArray[np.int64]
+    bytes_per_call_p50: NDArray[np.float64]
+    busbw_p50_bps: NDArray[np.float64]
+    transfer_busbw_p50_bps: NDArray[np.float64]
+    algbw_p50_bps: NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpSeries:
+    """An op's bus bandwidth over steps: median and slowest rank, at most max_points."""
+
+    op: str
+    step: NDArray[np.int64]
+    busbw_p50_bps: NDArray[np.float64]
+    busbw_min_bps: NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveStats:
+    """A job's collectives: bandwidth per op and size bucket, and per op over steps."""
+
+    sizes: SizeStats
+    series: list[OpSeries]
+
+
+def collective_stats(engine: sa.Engine, job_id: str, *, max_points: int = 2000) -> CollectiveStats:
+    """Bandwidth per op and message size, and each op's bandwidth over steps (downsampled
+    keeping the global max of the median and the global min of the slowest rank)."""
+    check_at_least("max_points", max_points, 2)
+    require_job(engine, job_id)
+    ops = reads.read_rollup(engine, tables.op_rollups, job_id, columns=_COLUMNS)
+    ops = ops.filter(pl.col("op") != "barrier")
+    factor = pl.Series(
+        [
+            schema.busbw_factor(op, n or 0)
+            for op, n in zip(ops["op"], ops["group_size"], strict=True)
+        ],
+        dtype=pl.Float64,
+    )
+    transfer_s = pl.when(pl.col("busy_s_min") > 0).then(pl.col("busy_s_min"))
+    per_call = pl.col("bytes") / pl.col("count")
+    sizes = (
+        ops.with_columns(factor.alias("factor"))
+        .with_columns(
+            (pl.col("bytes") / transfer_s).alias("algbw"),
+            per_call.alias("per_call"),
+            pl.when(per_call > 0).then(per_call.log(2).floor()).cast(pl.Int64).alias("size_log2"),
+        )
+        .group_by("op", "size_log2")
+        .agg(
+            pl.len().cast(pl.Int64).alias("num_steps"),
+            pl.col("per_call").median().alias("bytes_per_call_p50"),
+            pl.col("busbw_p50_bps").median(),
+            (pl.col("algbw") * pl.col("factor")).median().alias("transfer_busbw_p50_bps"),
+            pl.col("algbw").median().alias("algbw_p50_bps"),
+        )
+        .sort("op", "size_log2", nulls_last=True)
+    )
+
+    def floats(name: str) -> NDArray[np.float64]:
+        return sizes[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
+
+    series = []
+    for (op,), rows in ops.sort("op", "step").group_by("op", maintain_order=True):
+        step = rows["step"].to_numpy()
+        p50 = rows["busbw_p50_bps"].fill_null(np.nan).to_numpy()
+        low = rows["busbw_min_bps"].fill_null(np.nan).to_numpy()
+        keep = finite(p50, low)
+        step, p50, low = step[keep], p50[keep], low[keep]
+        picked = band_indices(step, low, p50, max_points)
+        series.append(
+            OpSeries(
+                op=str(op), step=step[picked], busbw_p50_bps=p50[picked], busbw_min_bps=low[picked]
+            )
+        )
+    return CollectiveStats(
+        sizes=SizeStats(
+            op=sizes["op"].to_list(),
+            size_log2=sizes["size_log2"].fill_null(-1).to_numpy(),
+            num_steps=sizes["num_steps"].to_numpy(),
+            bytes_per_call_p50=floats("bytes_per_call_p50"),
+            busbw_p50_bps=floats("busbw_p50_bps"),
+            transfer_busbw_p50_bps=floats("transfer_busbw_p50_bps"),
+            algbw_p50_bps=floats("algbw_p50_bps"),
+        ),
+        series=series,
+    )

@@ -1,0 +1,213 @@
+"""Rank × step heatmaps from the rank buckets, re-bucketed on both axes on the server."""
+
+from __future__ import annotations
+
+import base64
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import sqlalchemy as sa
+from numpy.typing import NDArray
+
+from stepscope.analysis.rollups import rank_buckets as bucket_steps_of
+from stepscope.query.common import check_at_least, check_choice, require_job
+from stepscope.store import frames, reads, tables
+from stepscope.store.rollups import RankBuckets
+
+METRICS = tables.ROLLUP_METRICS
+STATS = ("mean", "max")
+RAW_CELLS = 262_144
+"""A zoom whose step range holds at most this many (rank, step) rows is read from raw steps
+when the stored buckets are coarser than the cells asked for."""
+NULL = 255
+"""Quantised value of an empty cell in `Heatmap.encode`."""
+_LEVELS = 254
+
+Ints = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heatmap:
+    """values[row, col]: a statistic of `metric` over the ranks of a row and the steps of a
+    column. Rows are groups of consecutive ranks in (node, rank) order, so a node's ranks
+    sit together; row i holds rank_order[row_starts[i]:row_starts[i + 1]]."""
+
+    metric: str
+    stat: str
+    rank_order: Ints
+    """Every rank, in display order (by node, then rank)."""
+    row_starts: Ints
+    """Offset of each row's first rank in rank_order, and len(rank_order) last."""
+    ranks: Ints
+    """First rank of each row."""
+    nodes: list[str | None]
+    """Node of each row (first–last node when a row spans nodes)."""
+    step_edges: Ints
+    """Column j covers steps step_edges[j] <= step < step_edges[j + 1]."""
+    values: NDArray[np.float32]
+    """(rows × columns); NaN where no step of a cell has a value."""
+
+    def encode(self) -> dict[str, Any]:
+        """A compact JSON-ready form: values quantised to uint8 over [lo, hi] (NULL = empty),
+        deflated (zlib) and base64-encoded; a value is lo + q / 254 × (hi − lo)."""
+        finite = np.isfinite(self.values)
+        lo = float(self.values[finite].min()) if finite.any() else 0.0
+        hi = float(self.values[finite].max()) if finite.any() else 0.0
+        span = hi - lo if hi > lo else 1.0
+        q = np.full(self.values.shape, NULL, dtype=np.uint8)
+        q[finite] = np.rint((self.values[finite] - lo) / span * _LEVELS).astype(np.uint8)
+        single = bool(np.all(self.row_starts[1:] - self.row_starts[:-1] == 1))
+        return {
+            "metric": self.metric,
+            "stat": self.stat,
+            "ranks": self.ranks.tolist(),
+            "rank_order": None if single else self.rank_order.tolist(),
+            "row_starts": None if single else self.row_starts.tolist(),
+            "nodes": self.nodes,
+            "step_edges": self.step_edges.tolist(),
+            "shape": list(self.values.shape),
+            "scale": [lo, hi],
+            "null": NULL,
+            "encoding": "uint8+zlib+base64",
+            "values": base64.b64encode(zlib.compress(q.tobytes(), 1)).decode(),
+        }
+
+
+def decode_values(doc: dict[str, Any]) -> NDArray[np.float32]:
+    """The (rows × columns) values of an `Heatmap.encode` document, NaN where empty."""
+    q = np.frombuffer(zlib.decompress(base64.b64decode(doc["values"])), dtype=np.uint8)
+    q = q.reshape(doc["shape"])
+    lo, hi = doc["scale"]
+    values = (lo + q.astype(np.float64) / _LEVELS * (hi - lo)).astype(np.float32)
+    values[q == doc["null"]] = np.nan
+    return values
+
+
+def heatmap(
+    engine: sa.Engine,
+    job_id: str,
+    metric: str = "compute_s",
+    *,
+    stat: str = "mean",
+    max_ranks: int = 1024,
+    max_steps: int = 1000,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> Heatmap | None:
+    """The rank × step heatmap of a job in at most max_ranks × max_steps cells (None before
+    its first rollup): means weighted by step counts, or maxima, over each cell's steps.
+    Cells are whole stored buckets, so the step range is widened to bucket edges."""
+    check_choice("metric", metric, METRICS)
+    check_choice("stat", stat, STATS)
+    check_at_least("max_ranks", max_ranks, 1)
+    check_at_least("max_steps", max_steps, 1)
+    require_job(engine, job_id)
+    names = [f"{metric}_sum", f"{metric}_count"] if stat == "mean" else [f"{metric}_max"]
+    buckets = reads.read_bucket_matrices(
+        engine, job_id, stats=names, from_step=from_step, to_step=to_step
+    )
+    if buckets is None:
+        return None
+    if from_step is not None and to_step is not None and buckets.bucket_steps > 1:
+        num_steps = to_step - from_step + 1
+        if num_steps < max_steps * buckets.bucket_steps and num_steps * buckets.ranks.size <= (
+            RAW_CELLS
+        ):
+            buckets = _raw_buckets(engine, job_id, metric, from_step, to_step) or buckets
+    nodes = reads.read_nodes(engine, job_id)
+    return _grid(buckets, metric, stat, nodes, max_ranks, max_steps)
+
+
+def _raw_buckets(
+    engine: sa.Engine, job_id: str, metric: str, from_step: int, to_step: int
+) -> RankBuckets | None:
+    """One-step buckets of a step range from raw steps (for a zoom finer than the rollup)."""
+    columns = ["rank", "step", *dict.fromkeys(["step_s", "data_s", "comm_wait_s", metric])]
+    steps = frames.read_frame(
+        engine, "steps", job_id, columns=columns, from_step=from_step, to_step=to_step
+    )
+    if steps.is_empty():
+        return None
+    long = bucket_steps_of(steps, 1)
+    first_steps = long["first_step"].unique().sort().to_numpy()
+    ranks = long["rank"].unique().sort().to_numpy()
+    row = np.searchsorted(first_steps, long["first_step"].to_numpy())
+    col = np.searchsorted(ranks, long["rank"].to_numpy())
+    stats = {}
+    for a in ("sum", "count", "max"):
+        matrix = np.full((first_steps.size, ranks.size), np.nan, dtype=np.float32)
+        matrix[row, col] = long[f"{metric}_{a}"].cast(pl.Float32).to_numpy()
+        stats[f"{metric}_{a}"] = matrix
+    return RankBuckets(bucket_steps=1, first_steps=first_steps, ranks=ranks, stats=stats)
+
+
+def _grid(
+    buckets: RankBuckets,
+    metric: str,
+    stat: str,
+    nodes: dict[int, str | None],
+    max_ranks: int,
+    max_steps: int,
+) -> Heatmap:
+    width = buckets.bucket_steps
+    first = int(buckets.first_steps[0])
+    span = (int(buckets.first_steps[-1]) - first) // width + 1
+    merge = math.ceil(span / max_steps)
+    num_cols = math.ceil(span / merge)
+    col = (buckets.first_steps - first) // width // merge
+    step_edges = first + np.arange(num_cols + 1, dtype=np.int64) * width * merge
+    step_edges[-1] = min(int(step_edges[-1]), int(buckets.first_steps[-1]) + width)
+
+    # Display order: by node (ranks without one last), then rank; rows of `group` ranks.
+    order = sorted(
+        buckets.ranks.tolist(), key=lambda r: (nodes.get(r) is None, nodes.get(r) or "", r)
+    )
+    rank_order = np.array(order, dtype=np.int64)
+    at = np.searchsorted(buckets.ranks, rank_order)
+    same_order = bool(np.array_equal(rank_order, buckets.ranks))
+    group = math.ceil(rank_order.size / max_ranks)
+    row_starts = np.append(np.arange(0, rank_order.size, group), rank_order.size).astype(np.int64)
+
+    def cells(matrix: NDArray[np.float32], reduce: np.ufunc, empty: float) -> NDArray[np.float64]:
+        """`matrix` (buckets × ranks) reduced into (rows × columns) with `reduce`."""
+        m = matrix.astype(np.float64)
+        if empty == 0.0:
+            np.nan_to_num(m, copy=False, nan=0.0)
+        if not same_order:
+            m = m[:, at]
+        if merge > 1 or col.size < num_cols:  # (the common case, neither, is a copy less)
+            starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
+            by_col = np.full((num_cols, m.shape[1]), empty)
+            by_col[col[starts]] = reduce.reduceat(m, starts, axis=0)
+            m = by_col
+        if group > 1:
+            m = reduce.reduceat(m, row_starts[:-1], axis=1)
+        return m.T
+
+    if stat == "mean":
+        sums = cells(buckets.stats[f"{metric}_sum"], np.add, 0.0)
+        counts = cells(buckets.stats[f"{metric}_count"], np.add, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.where(counts > 0, sums / counts, np.nan)
+    else:
+        values = cells(buckets.stats[f"{metric}_max"], np.fmax, np.nan)
+
+    def node_of(i: int) -> str | None:
+        first_node = nodes.get(int(rank_order[row_starts[i]]))
+        last_node = nodes.get(int(rank_order[row_starts[i + 1] - 1]))
+        return first_node if first_node == last_node else f"{first_node}–{last_node}"
+
+    return Heatmap(
+        metric=metric,
+        stat=stat,
+        rank_order=rank_order,
+        row_starts=row_starts,
+        ranks=rank_order[row_starts[:-1]],
+        nodes=[node_of(i) for i in range(row_starts.size - 1)],
+        step_edges=step_edges,
+        values=values.astype(np.float32),
+    )
