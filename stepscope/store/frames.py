@@ -113,7 +113,7 @@ class _Select(NamedTuple):
     typing_row: bool
     """Whether the first row only types the result (SQLite) and is to be dropped."""
     setup: str | None
-    """PostgreSQL: binds `params` to the session settings that `sql` reads."""
+    """PostgreSQL: binds `params` to the transaction-local settings that `sql` reads."""
 
 
 def _select(
