@@ -8,18 +8,33 @@ JobNotFound; a bad argument raises ValueError naming it and its allowed values.
 
 from stepscope.query.collectives import CollectiveStats, OpSeries, SizeStats, collective_stats
 from stepscope.query.common import JobNotFound
-from stepscope.query.exports import FORMATS, MEDIA_TYPES, TABLES, export
+from stepscope.query.exports import FORMATS as EXPORT_FORMATS
+from stepscope.query.exports import MEDIA_TYPES as EXPORT_MEDIA_TYPES
+from stepscope.query.exports import TABLES as EXPORT_TABLES
+from stepscope.query.exports import export
 from stepscope.query.gpu import GpuSeries, gpu_series
+from stepscope.query.heatmaps import METRICS as HEATMAP_METRICS
+from stepscope.query.heatmaps import STATS as HEATMAP_STATS
 from stepscope.query.heatmaps import Heatmap, decode_values, heatmap
+from stepscope.query.jobs import SORT_KEYS as JOB_SORT_KEYS
+from stepscope.query.jobs import STATUSES as JOB_STATUSES
 from stepscope.query.jobs import JobFilters, JobRow, JobsPage, list_jobs
 from stepscope.query.ranks import RankTable, rank_table
+from stepscope.query.series import AGGREGATES as SERIES_AGGREGATES
+from stepscope.query.series import METRICS as SERIES_METRICS
 from stepscope.query.series import Band, Series, step_band, step_series
 from stepscope.query.summary import JobSummary, StoredFinding, findings, job_summary
 
 __all__ = [
-    "FORMATS",
-    "MEDIA_TYPES",
-    "TABLES",
+    "EXPORT_FORMATS",
+    "EXPORT_MEDIA_TYPES",
+    "EXPORT_TABLES",
+    "HEATMAP_METRICS",
+    "HEATMAP_STATS",
+    "JOB_SORT_KEYS",
+    "JOB_STATUSES",
+    "SERIES_AGGREGATES",
+    "SERIES_METRICS",
     "Band",
     "CollectiveStats",
     "GpuSeries",

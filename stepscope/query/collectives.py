@@ -23,9 +23,10 @@ class SizeStats:
     """Per (op, message-size bucket): steps and median bandwidths over those steps.
 
     The size bucket is floor(log2(bytes per call)), bytes per call being the median over
-    ranks of a step's bytes / calls. busbw_p50_bps is the median of the steps' median-rank
-    bus bandwidth (waiting included); transfer_busbw_p50_bps and algbw_p50_bps use the
-    fastest rank's busy time, the best estimate of pure transfer (nccl-tests conventions).
+    ranks of a step's bytes / calls (-1 for calls without bytes). busbw_p50_bps is the
+    median of the steps' median-rank bus bandwidth (waiting included);
+    transfer_busbw_p50_bps and algbw_p50_bps use the fastest rank's busy time, the best
+    estimate of pure transfer (nccl-tests conventions).
     """
 
     op: list[str]
@@ -62,17 +63,18 @@ def collective_stats(engine: sa.Engine, job_id: str, *, max_points: int = 2000) 
     require_job(engine, job_id)
     ops = reads.read_rollup(engine, tables.op_rollups, job_id, columns=_COLUMNS)
     ops = ops.filter(pl.col("op") != "barrier")
-    factor = pl.Series(
-        [
-            schema.busbw_factor(op, n or 0)
-            for op, n in zip(ops["op"], ops["group_size"], strict=True)
-        ],
-        dtype=pl.Float64,
+    groups = ops.select("op", "group_size").unique()
+    factors = groups.with_columns(
+        pl.Series(
+            "factor",
+            [schema.busbw_factor(op, n or 0) for op, n in groups.iter_rows()],
+            dtype=pl.Float64,
+        )
     )
     transfer_s = pl.when(pl.col("busy_s_min") > 0).then(pl.col("busy_s_min"))
     per_call = pl.col("bytes") / pl.col("count")
     sizes = (
-        ops.with_columns(factor.alias("factor"))
+        ops.join(factors, on=["op", "group_size"], how="left", nulls_equal=True)
         .with_columns(
             (pl.col("bytes") / transfer_s).alias("algbw"),
             per_call.alias("per_call"),

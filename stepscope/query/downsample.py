@@ -35,10 +35,18 @@ def _pick(x: NDArray[np.int64], ys: Sequence[Values], required: list[int], n: in
     if x.size <= n:
         return np.arange(x.size, dtype=np.int64)
     keep = np.unique(np.array(required, dtype=np.int64))
-    # The whole budget first (MinMaxLTTB usually picks the extremes itself); if that leaves
-    # one out, again with slots reserved for them.
-    chosen = _with_shape(x, ys, keep, n)
-    return chosen if chosen.size <= n else _with_shape(x, ys, keep, n - keep.size)
+    # The largest MinMaxLTTB budget whose picks, with the extremes, fit in n points: the
+    # series' picks overlap (a band's edges share most steps), so it is often more than n.
+    fits, best = n - keep.size, _with_shape(x, ys, keep, n - keep.size)
+    over = n * len(ys) + 1
+    while over - fits > 1:
+        budget = (fits + over) // 2
+        chosen = _with_shape(x, ys, keep, budget)
+        if chosen.size <= n:
+            fits, best = budget, chosen
+        else:
+            over = budget
+    return best
 
 
 def _with_shape(x: NDArray[np.int64], ys: Sequence[Values], keep: Indices, budget: int) -> Indices:

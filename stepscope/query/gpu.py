@@ -56,7 +56,8 @@ def gpu_series(
     if stored is None:
         return None
     width, buckets = stored
-    merged = _coarser(width, buckets["first_ts"], max_points)
+    first_ts = buckets["first_ts"]
+    merged = _coarser(width, float(first_ts.min()), float(first_ts.max()), max_points)  # type: ignore[arg-type]
     if merged > width:
         unread = [f"{c}_mean" for c in compute.GPU_MEANS if f"{c}_mean" not in buckets.columns]
         unread += ["temp_c_max", "sm_clock_mhz_min", "mem_used_bytes_max"]
@@ -100,8 +101,7 @@ def _rank_series(engine: sa.Engine, job_id: str, rank: int, max_points: int) -> 
         return None
     first, last = float(samples["ts"].min()), float(samples["ts"].max())  # type: ignore[arg-type]
     width = reads.gpu_bucket_width(engine, job_id) or compute.bucket_width(first, last)
-    starts = pl.Series([math.floor(first / width) * width, last])
-    width = _coarser(width, starts, max_points)
+    width = _coarser(width, first, last, max_points)
     buckets = compute.gpu_buckets(samples, width).sort("gpu_index", "first_ts")
     names = [*_MEANS, "temp_c_max", "sm_clock_mhz_min", "mem_used_bytes_max"]
     return GpuSeries(
@@ -118,9 +118,8 @@ def _rank_series(engine: sa.Engine, job_id: str, rank: int, max_points: int) -> 
     )
 
 
-def _coarser(width: float, first_ts: pl.Series, max_points: int) -> float:
-    """The bucket width, doubled until the span of `first_ts` fits in max_points buckets."""
-    lo, hi = float(first_ts.min()), float(first_ts.max())  # type: ignore[arg-type]
+def _coarser(width: float, lo: float, hi: float, max_points: int) -> float:
+    """The bucket width, doubled until times lo..hi fall in at most max_points buckets."""
     while math.floor(hi / width) - math.floor(lo / width) + 1 > max_points:
         width *= 2
     return width

@@ -9,20 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import polars as pl
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
-from stepscope.analysis.rollups import rank_buckets as bucket_steps_of
 from stepscope.query.common import check_at_least, check_choice, require_job
-from stepscope.store import frames, reads, tables
+from stepscope.store import reads, tables
 from stepscope.store.rollups import RankBuckets
 
 METRICS = tables.ROLLUP_METRICS
 STATS = ("mean", "max")
-RAW_CELLS = 262_144
-"""A zoom whose step range holds at most this many (rank, step) rows is read from raw steps
-when the stored buckets are coarser than the cells asked for."""
 NULL = 255
 """Quantised value of an empty cell in `Heatmap.encode`."""
 _LEVELS = 254
@@ -55,11 +50,11 @@ class Heatmap:
         """A compact JSON-ready form: values quantised to uint8 over [lo, hi] (NULL = empty),
         deflated (zlib) and base64-encoded; a value is lo + q / 254 × (hi − lo)."""
         finite = np.isfinite(self.values)
-        lo = float(self.values[finite].min()) if finite.any() else 0.0
-        hi = float(self.values[finite].max()) if finite.any() else 0.0
-        span = hi - lo if hi > lo else 1.0
-        q = np.full(self.values.shape, NULL, dtype=np.uint8)
-        q[finite] = np.rint((self.values[finite] - lo) / span * _LEVELS).astype(np.uint8)
+        empty = not finite.any()
+        lo = 0.0 if empty else float(np.nanmin(self.values))
+        hi = 0.0 if empty else float(np.nanmax(self.values))
+        scaled = np.rint((self.values - lo) * (_LEVELS / (hi - lo if hi > lo else 1.0)))
+        q = np.where(finite, scaled, NULL).astype(np.uint8)
         single = bool(np.all(self.row_starts[1:] - self.row_starts[:-1] == 1))
         return {
             "metric": self.metric,
@@ -100,7 +95,11 @@ def heatmap(
 ) -> Heatmap | None:
     """The rank × step heatmap of a job in at most max_ranks × max_steps cells (None before
     its first rollup): means weighted by step counts, or maxima, over each cell's steps.
-    Cells are whole stored buckets, so the step range is widened to bucket edges."""
+
+    Cells are made of whole stored buckets, so a step range widens to bucket edges: a zoom
+    is no finer than the analyzer's bucket width (raw steps are keyed by rank first, so a
+    step range across all ranks would scan the job's raw rows).
+    """
     check_choice("metric", metric, METRICS)
     check_choice("stat", stat, STATS)
     check_at_least("max_ranks", max_ranks, 1)
@@ -112,37 +111,8 @@ def heatmap(
     )
     if buckets is None:
         return None
-    if from_step is not None and to_step is not None and buckets.bucket_steps > 1:
-        num_steps = to_step - from_step + 1
-        if num_steps < max_steps * buckets.bucket_steps and num_steps * buckets.ranks.size <= (
-            RAW_CELLS
-        ):
-            buckets = _raw_buckets(engine, job_id, metric, from_step, to_step) or buckets
     nodes = reads.read_nodes(engine, job_id)
     return _grid(buckets, metric, stat, nodes, max_ranks, max_steps)
-
-
-def _raw_buckets(
-    engine: sa.Engine, job_id: str, metric: str, from_step: int, to_step: int
-) -> RankBuckets | None:
-    """One-step buckets of a step range from raw steps (for a zoom finer than the rollup)."""
-    columns = ["rank", "step", *dict.fromkeys(["step_s", "data_s", "comm_wait_s", metric])]
-    steps = frames.read_frame(
-        engine, "steps", job_id, columns=columns, from_step=from_step, to_step=to_step
-    )
-    if steps.is_empty():
-        return None
-    long = bucket_steps_of(steps, 1)
-    first_steps = long["first_step"].unique().sort().to_numpy()
-    ranks = long["rank"].unique().sort().to_numpy()
-    row = np.searchsorted(first_steps, long["first_step"].to_numpy())
-    col = np.searchsorted(ranks, long["rank"].to_numpy())
-    stats = {}
-    for a in ("sum", "count", "max"):
-        matrix = np.full((first_steps.size, ranks.size), np.nan, dtype=np.float32)
-        matrix[row, col] = long[f"{metric}_{a}"].cast(pl.Float32).to_numpy()
-        stats[f"{metric}_{a}"] = matrix
-    return RankBuckets(bucket_steps=1, first_steps=first_steps, ranks=ranks, stats=stats)
 
 
 def _grid(

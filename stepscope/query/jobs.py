@@ -105,7 +105,7 @@ def list_jobs(
         stale_before=time.time() - stale_after_s,
     )
     rows = reads.read_jobs(engine, query)
-    page = [job_row(r) for r in rows[:limit]]
+    page = [_job_row(r) for r in rows[:limit]]
     last = rows[limit - 1] if len(rows) > limit else None
     return JobsPage(
         jobs=page,
@@ -113,7 +113,7 @@ def list_jobs(
     )
 
 
-def job_row(row: dict[str, Any]) -> JobRow:
+def _job_row(row: dict[str, Any]) -> JobRow:
     """A JobRow of a `reads.read_jobs` row."""
     return JobRow(**{name: row[name] for name in JobRow.__dataclass_fields__})
 

@@ -100,15 +100,16 @@ def rank_table(engine: sa.Engine, job_id: str) -> RankTable:
 
 def _rank_medians(means: NDArray[np.float32]) -> Floats:
     """Median over buckets (rows) of each rank (column), ignoring NaN."""
-    by_rank = np.ascontiguousarray(means.T)  # the partition runs along contiguous memory
+    # A full sort along contiguous memory is several times faster than np.median's
+    # two-point partition, and sorts NaN last, so each rank's middle is at its count / 2.
     if means.shape[0] == 0:
         return np.full(means.shape[1], np.nan)
-    if not np.isnan(by_rank).any():
-        return np.median(by_rank, axis=1).astype(np.float64)
-    out = np.full(means.shape[1], np.nan)
-    present = ~np.isnan(by_rank).all(axis=1)
-    out[present] = np.nanmedian(by_rank[present], axis=1)
-    return out
+    ordered = np.sort(np.ascontiguousarray(means.T), axis=1)
+    count = np.count_nonzero(~np.isnan(ordered), axis=1)
+    rows = np.arange(ordered.shape[0])
+    lower = ordered[rows, np.maximum(count - 1, 0) // 2].astype(np.float64)
+    upper = ordered[rows, np.minimum(count // 2, ordered.shape[1] - 1)]
+    return np.where(count > 0, (lower + upper) / 2, np.nan)
 
 
 def _median(values: Floats) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -151,7 +152,7 @@ def _rollup_values(
 
 def _rank_values(
     engine: sa.Engine,
-    job: dict[str, object],
+    job: dict[str, Any],
     metric: str,
     rank: int,
     from_step: int | None,
@@ -180,7 +181,7 @@ def _rank_values(
         value = raw[needed[0]] / raw["step_s"]
     elif metric == "mfu":
         unknown = pl.Series([None] * raw.height, dtype=pl.Float64)  # no MFU without a peak
-        value = raw["flops"] / raw["step_s"] / float(str(peak)) if peak else unknown
+        value = raw["flops"] / raw["step_s"] / float(peak) if peak else unknown
     else:
         value = raw[metric]
     return _arrays(raw.select("step", value.cast(pl.Float64).alias("value")))
