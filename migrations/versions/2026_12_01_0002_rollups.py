@@ -87,6 +87,13 @@ def upgrade() -> None:
         sa.Column("first_ts", sa.Float(precision=53), nullable=False),
         sa.Column("bucket_s", sa.Float(precision=53), nullable=False),
         sa.Column("arrays", sa.LargeBinary(), nullable=False),
+        sa.Column("num_devices", sa.Integer(), nullable=False),
+        *(
+            _float(f"{m}_{q}")
+            for m in ("util", "power_w", "temp_c", "sm_clock_mhz")
+            for q in ("min", "p50", "max")
+        ),
+        sa.Column("throttle_reasons", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("job_id", "first_ts", name=op.f("pk_gpu_buckets")),
     )
     op.create_table(

@@ -294,6 +294,34 @@ def gpu_buckets(gpu: pl.DataFrame, bucket_s: float) -> pl.DataFrame:
     )
 
 
+GPU_SPREAD = ("util", "power_w", "temp_c", "sm_clock_mhz")
+"""Metrics whose device means are also kept per bucket as their min, p50 and max over devices."""
+
+
+def gpu_spread(buckets: pl.DataFrame) -> pl.DataFrame:
+    """Per first_ts of GPU buckets (gpu_buckets): devices, and the min/p50/max over devices of
+    each GPU_SPREAD metric's bucket mean, and the OR of their throttle reasons."""
+    return (
+        buckets.lazy()
+        .group_by("first_ts")
+        .agg(
+            pl.len().cast(pl.Int64).alias("num_devices"),
+            *(
+                e
+                for m in GPU_SPREAD
+                for e in (
+                    pl.col(f"{m}_mean").min().alias(f"{m}_min"),
+                    pl.col(f"{m}_mean").median().alias(f"{m}_p50"),
+                    pl.col(f"{m}_mean").max().alias(f"{m}_max"),
+                )
+            ),
+            pl.col("throttle_reasons").bitwise_or(),
+        )
+        .sort("first_ts")
+        .collect()
+    )
+
+
 def merge_gpu_buckets(buckets: pl.DataFrame, bucket_s: float) -> pl.DataFrame:
     """GPU buckets merged into a coarser width; means weighted by samples."""
     weight = pl.col("num_samples")

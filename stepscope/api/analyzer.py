@@ -363,14 +363,16 @@ class JobAnalyzer:
                 )
                 if stored is not None:
                     merged = compute.merge_gpu_buckets(stored[1], width)
-                    store.write_gpu_buckets(conn, self.job_id, width, merged)
+                    spread = compute.gpu_spread(merged)
+                    store.write_gpu_buckets(conn, self.job_id, width, merged, spread)
             state.gpu_bucket_s = width
         w = state.gpu_bucket_s
         lo = math.floor(first_ts / w) * w
         hi = (math.floor((last_ts or first_ts) / w) + 1) * w
         samples = frames.read_frame(self.engine, "gpu", self.job_id, from_ts=lo, to_ts=hi)
+        buckets = compute.gpu_buckets(samples, w)
         with self.engine.begin() as conn:
-            store.write_gpu_buckets(conn, self.job_id, w, compute.gpu_buckets(samples, w))
+            store.write_gpu_buckets(conn, self.job_id, w, buckets, compute.gpu_spread(buckets))
 
 
 def analyze_stored_job(

@@ -14,7 +14,7 @@ from stepscope.analysis import rollups as compute
 from stepscope.query.common import check_at_least, require_job
 from stepscope.store import frames, reads
 
-METRICS = ("util", "power_w", "temp_c", "sm_clock_mhz")
+METRICS = compute.GPU_SPREAD
 """Per-device means per time bucket (util in %, power in W, temperature in °C, SM MHz)."""
 _RAW_COLUMNS = ["rank", "ts", "gpu_index", *METRICS, "mem_used_bytes", "throttle_reasons"]
 _MEANS = [f"{m}_mean" for m in METRICS]
@@ -51,35 +51,14 @@ def gpu_series(
     require_job(engine, job_id)
     if rank is not None:
         return _rank_series(engine, job_id, rank, max_points)
-    needed = ["rank", "gpu_index", "num_samples", *_MEANS, "throttle_reasons"]
-    stored = reads.read_gpu_bucket_table(engine, job_id, columns=needed)
+    stored = reads.read_gpu_spread(engine, job_id)
     if stored is None:
         return None
-    width, buckets = stored
-    first_ts = buckets["first_ts"]
+    width, spread = stored
+    first_ts = spread["first_ts"]
     merged = _coarser(width, float(first_ts.min()), float(first_ts.max()), max_points)  # type: ignore[arg-type]
-    if merged > width:
-        unread = [f"{c}_mean" for c in compute.GPU_MEANS if f"{c}_mean" not in buckets.columns]
-        unread += ["temp_c_max", "sm_clock_mhz_min", "mem_used_bytes_max"]
-        buckets = buckets.with_columns(pl.lit(None, dtype=pl.Float64).alias(c) for c in unread)
-        buckets, width = compute.merge_gpu_buckets(buckets, merged), merged
-    spread = (
-        buckets.group_by("first_ts")
-        .agg(
-            pl.len().cast(pl.Int64).alias("num_devices"),
-            *(
-                e
-                for m in METRICS
-                for e in (
-                    pl.col(f"{m}_mean").min().alias(f"{m}_min"),
-                    pl.col(f"{m}_mean").median().alias(f"{m}_p50"),
-                    pl.col(f"{m}_mean").max().alias(f"{m}_max"),
-                )
-            ),
-            pl.col("throttle_reasons").bitwise_or(),
-        )
-        .sort("first_ts")
-    )
+    if merged > width:  # fewer points than stored: re-bucket each device, then spread them
+        spread, width = _coarser_spread(engine, job_id, merged), merged
     names = [f"{m}_{q}" for m in METRICS for q in ("min", "p50", "max")]
     return GpuSeries(
         rank=None,
@@ -90,6 +69,18 @@ def gpu_series(
         values={n: spread[n].cast(pl.Float64).fill_null(np.nan).to_numpy() for n in names},
         throttle_reasons=spread["throttle_reasons"].fill_null(0).to_numpy(),
     )
+
+
+def _coarser_spread(engine: sa.Engine, job_id: str, width: float) -> pl.DataFrame:
+    """The spread over devices of their means in buckets of `width` (from per-device rows)."""
+    needed = ["rank", "gpu_index", "num_samples", *_MEANS, "throttle_reasons"]
+    stored = reads.read_gpu_bucket_table(engine, job_id, columns=needed)
+    assert stored is not None
+    buckets = stored[1]
+    unread = [f"{c}_mean" for c in compute.GPU_MEANS if f"{c}_mean" not in buckets.columns]
+    unread += ["temp_c_max", "sm_clock_mhz_min", "mem_used_bytes_max"]
+    buckets = buckets.with_columns(pl.lit(None, dtype=pl.Float64).alias(c) for c in unread)
+    return compute.gpu_spread(compute.merge_gpu_buckets(buckets, width))
 
 
 def _rank_series(engine: sa.Engine, job_id: str, rank: int, max_points: int) -> GpuSeries | None:

@@ -194,6 +194,18 @@ def read_gpu_bucket_table(
     return width, long.select("first_ts", pl.exclude("first_ts"))
 
 
+def read_gpu_spread(engine: sa.Engine, job_id: str) -> tuple[float, pl.DataFrame] | None:
+    """(bucket width, per bucket: first_ts, num_devices, the spread over devices of each
+    metric and the OR of throttle reasons) of a job's GPU buckets; None if it has none."""
+    t = tables.gpu_buckets
+    names = ["first_ts", "bucket_s", "num_devices", "throttle_reasons"]
+    names += [f"{m}_{q}" for m in tables.GPU_SPREAD for q in ("min", "p50", "max")]
+    data = pl.DataFrame(_fetch(engine, _arrow_select(engine, t, job_id, names)))
+    if data.is_empty():
+        return None
+    return float(data["bucket_s"][-1]), data.drop("bucket_s")
+
+
 def gpu_bucket_width(engine: sa.Engine, job_id: str) -> float | None:
     """The width of a job's GPU buckets in seconds; None if it has none."""
     t = tables.gpu_buckets

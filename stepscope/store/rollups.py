@@ -192,20 +192,28 @@ def read_rank_buckets(
 
 
 def write_gpu_buckets(
-    conn: sa.Connection, job_id: str, bucket_s: float, buckets: pl.DataFrame
+    conn: sa.Connection, job_id: str, bucket_s: float, buckets: pl.DataFrame, spread: pl.DataFrame
 ) -> None:
-    """Replace the job's GPU buckets of these first_ts (long form, rollups.gpu_buckets)."""
+    """Replace the job's GPU buckets of these first_ts: per-device statistics (long form,
+    rollups.gpu_buckets) and their spread over devices (rollups.gpu_spread)."""
     if buckets.is_empty():
         return
     t = tables.gpu_buckets
     firsts = buckets["first_ts"].unique().sort().to_list()
     conn.execute(sa.delete(t).where((t.c.job_id == job_id) & t.c.first_ts.in_(firsts)))
+    spread_rows = {r["first_ts"]: r for r in spread.fill_nan(None).to_dicts()}
     rows = []
     for (first,), part in buckets.sort("first_ts").group_by("first_ts", maintain_order=True):
         blob = io.BytesIO()
         part.drop("first_ts").write_ipc(blob, compression="uncompressed")
         rows.append(
-            {"job_id": job_id, "first_ts": first, "bucket_s": bucket_s, "arrays": blob.getvalue()}
+            {
+                **spread_rows[first],
+                "job_id": job_id,
+                "first_ts": first,
+                "bucket_s": bucket_s,
+                "arrays": blob.getvalue(),
+            }
         )
     conn.execute(sa.insert(t), rows)
 

@@ -116,6 +116,8 @@ class ApiToken(Base):
 ROLLUP_METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
 """Per-rank time components rolled up per step and per rank × step bucket."""
 ROLLUP_AGGREGATES = ("min", "p50", "p90", "max", "mean")
+GPU_SPREAD = ("util", "power_w", "temp_c", "sm_clock_mhz")
+"""GPU metrics kept per bucket as min/p50/max over devices (stepscope.analysis.rollups)."""
 """Their statistics over ranks per step (stepscope.analysis.rollups.AGGREGATES)."""
 
 
@@ -173,8 +175,12 @@ gpu_buckets = sa.Table(
     sa.Column("job_id", sa.String(), primary_key=True),
     sa.Column("first_ts", sa.Float(precision=53), primary_key=True),
     sa.Column("bucket_s", sa.Float(precision=53), nullable=False),
-    # Arrow IPC of per-device stats (stepscope.analysis.rollups.gpu_buckets) of one bucket.
+    # Arrow IPC of per-device stats (stepscope.analysis.rollups.gpu_buckets) of one bucket,
+    # and their spread over devices (rollups.gpu_spread) for charts of the whole job.
     sa.Column("arrays", sa.LargeBinary(), nullable=False),
+    sa.Column("num_devices", sa.Integer(), nullable=False),
+    *_floats(*(f"{m}_{q}" for m in GPU_SPREAD for q in ("min", "p50", "max"))),
+    sa.Column("throttle_reasons", sa.BigInteger()),
 )
 
 analysis_state = sa.Table(
