@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from stepscope.analysis import AnalysisConfig, job_findings, rank_findings
 from stepscope.analysis import rollups as compute
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.telemetry import GPU_COLUMNS
-from stepscope.store import frames, queries, tables
+from stepscope.store import frames, queries, reads, tables
 from stepscope.store import rollups as store
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,16 @@ _STEP_COLUMNS = (
     "flops",
 )
 _COLLECTIVE_COLUMNS = ("rank", "step", "op", "group_size", "count", "bytes", "busy_s")
+_ROLLUP_COLUMNS = [c.name for c in tables.step_rollups.c if c.name != "job_id"]
+_OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
+"""What the job-level detectors read of the rollups."""
 _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
+
+
+FindingsHook = Callable[[str, list[schema.Finding]], None]
+"""Called after a pass stored a job's findings, with its warning and critical ones (the
+webhook sender): it must return at once; an error in it is logged, never raised."""
 
 
 class RawRowsPrunedError(RuntimeError):
@@ -129,11 +138,13 @@ class JobAnalyzer:
         *,
         config: AnalysisConfig | None = None,
         grace_s: float = 30.0,
+        on_findings: FindingsHook | None = None,
     ) -> None:
         self.engine = engine
         self.job_id = job_id
         self.config = config or AnalysisConfig()
         self.grace_s = grace_s
+        self.on_findings = on_findings
 
     def run(self, *, full: bool = False) -> PassResult:
         """One pass: from the stored watermark, or from scratch with `full`."""
@@ -174,7 +185,9 @@ class JobAnalyzer:
         if arrivals is not None and arrivals.first_gpu_ts is not None:
             self._gpu(state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
 
-        rollup = store.read_rows(self.engine, tables.step_rollups, self.job_id)
+        rollup = reads.read_rollup(
+            self.engine, tables.step_rollups, self.job_id, columns=_ROLLUP_COLUMNS
+        )
         findings = self._job_findings(state, job, rollup)
         if state.plan is not None:
             per_segment = {
@@ -192,12 +205,21 @@ class JobAnalyzer:
             store.save_state(conn, self.job_id, watermark, state.doc(), now)
         queries.replace_findings(self.engine, self.job_id, findings)
         result.findings = queries.load_findings(self.engine, self.job_id)
+        self._notify(result.findings)
         if not rollup.is_empty() and state.plan is not None:
             summary = compute.steady_summary(rollup, state.plan.base_step)
             severities = Counter(str(f.severity) for f in result.findings)
             with self.engine.begin() as conn:
                 store.save_summary(conn, self.job_id, summary, severities, now)
         return result
+
+    def _notify(self, findings: list[schema.Finding]) -> None:
+        if self.on_findings is None:
+            return
+        try:
+            self.on_findings(self.job_id, [f for f in findings if f.severity != "info"])
+        except Exception:
+            log.exception("the findings hook failed for job %s", self.job_id)
 
     # --- steps and collectives: rollups and segments -------------------------------------
 
@@ -317,7 +339,7 @@ class JobAnalyzer:
     ) -> list[schema.Finding]:
         if rollup.is_empty() or state.plan is None:
             return []
-        ops = store.read_rows(self.engine, tables.op_rollups, self.job_id)
+        ops = reads.read_rollup(self.engine, tables.op_rollups, self.job_id, columns=_OP_COLUMNS)
         return job_findings(rollup, None if ops.is_empty() else ops, job, state.plan, self.config)
 
     def _nodes_and_ranks(self) -> tuple[dict[int, str], list[int]]:
@@ -376,10 +398,15 @@ class JobAnalyzer:
 
 
 def analyze_stored_job(
-    engine: sa.Engine, job_id: str, *, full: bool = False, grace_s: float = 30.0
+    engine: sa.Engine,
+    job_id: str,
+    *,
+    full: bool = False,
+    grace_s: float = 30.0,
+    on_findings: FindingsHook | None = None,
 ) -> list[schema.Finding]:
     """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
-    result = JobAnalyzer(engine, job_id, grace_s=grace_s).run(full=full)
+    result = JobAnalyzer(engine, job_id, grace_s=grace_s, on_findings=on_findings).run(full=full)
     return result.findings if result.findings else queries.load_findings(engine, job_id)
 
 
@@ -393,11 +420,13 @@ class BackgroundAnalyzer:
         interval_s: float,
         active_within_s: float,
         grace_s: float = 30.0,
+        on_findings: FindingsHook | None = None,
     ) -> None:
         self._engine = engine
         self._interval_s = interval_s
         self._active_within_s = active_within_s
         self._grace_s = grace_s
+        self._on_findings = on_findings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -418,7 +447,9 @@ class BackgroundAnalyzer:
         changed = 0
         for job_id in active:
             try:
-                result = JobAnalyzer(self._engine, job_id, grace_s=self._grace_s).run()
+                result = JobAnalyzer(
+                    self._engine, job_id, grace_s=self._grace_s, on_findings=self._on_findings
+                ).run()
             except Exception:
                 log.exception("analysis of job %s failed", job_id)
                 continue
