@@ -3,8 +3,9 @@
 Rows come ordered by the table's natural key: steps (rank, step), collectives (rank, step,
 op), gpu (rank, gpu_index, ts), events (rank, ts, kind), ranks (rank). Columns have the
 canonical dtypes of `stepscope.schema` (str and json → String, int → Int64, float →
-Float64) whatever the values; JSON columns are JSON text. Reads use a small pool of ADBC
-connections per engine; an in-memory SQLite database is read through SQLAlchemy instead.
+Float64) whatever the values; JSON columns are JSON text. PostgreSQL reads use a small pool
+of ADBC connections per engine; SQLite files are read by ADBC in a helper process (see
+stepscope.store.sqlite_reader for why), an in-memory SQLite database through SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
 import adbc_driver_postgresql.dbapi
-import adbc_driver_sqlite.dbapi
 import polars as pl
 import pyarrow as pa
 import sqlalchemy as sa
 from adbc_driver_manager import dbapi
 
 from stepscope import schema
-from stepscope.store import tables
+from stepscope.store import sqlite_reader, tables
 
 FRAME_TABLES: dict[str, sa.Table] = {**tables.RECORD_TABLES, "ranks": tables.ranks}
 """Frame name → table."""
@@ -34,6 +34,8 @@ _SQL_TYPES = {
     "postgresql": {"str": "text", "int": "bigint", "float": "double precision", "json": "text"},
 }
 _TYPED_VALUES = {"str": "''", "int": "0", "float": "0.0", "json": "''"}
+_RANKS_PER_READ = 16
+"""Ranks per read when streaming a SQLite table."""
 _MAX_IDLE_CONNECTIONS = 8
 """Idle ADBC connections kept per engine: a PostgreSQL connect costs ~40 ms, a small read ~1 ms."""
 
@@ -66,11 +68,21 @@ def read_frame(
 ) -> pl.DataFrame:
     """The job's rows of `table` with step in [from_step, to_step], ts in [from_ts, to_ts)."""
     query = _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
+    return pl.DataFrame(fetch_table(engine, query))
+
+
+def fetch_table(engine: sa.Engine, query: Select) -> pa.Table:
+    """`query`'s whole result in its schema: from PostgreSQL through pooled ADBC connections,
+    from a SQLite file through the reader process (stepscope.store.sqlite_reader), from an
+    in-memory SQLite database row-wise through SQLAlchemy."""
     uri = _adbc_uri(engine.url)
     if uri is None:
-        return pl.DataFrame(_read_through_sqlalchemy(engine, query))
-    with _cursor(engine, uri, query, batch_rows=65536) as cursor:  # few chunks to join
-        return pl.DataFrame(_conform(cursor.fetch_arrow_table(), query))
+        return _read_through_sqlalchemy(engine, query)
+    if engine.dialect.name == "sqlite":
+        data = sqlite_reader.fetch(uri, query.sql, query.params, typing_row=query.typing_row)
+        return _conform(data, query)
+    with _cursor(engine, uri, query) as cursor:
+        return _conform(cursor.fetch_arrow_table(), query)
 
 
 def iter_batches(
@@ -90,23 +102,36 @@ def iter_batches(
     if batch_rows < 1:
         raise ValueError("batch_rows must be >= 1")
     query = _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
-    return _stream(engine, _adbc_uri(engine.url), query, batch_rows)  # errors raised here
+    if engine.dialect.name != "sqlite":
+        return _stream(engine, query, batch_rows)  # errors raised here, not at the first batch
+    # SQLite: a few ranks per read, so memory stays bounded (the reader process returns
+    # whole results).
+    if ranks is None:
+        ranks = read_frame(engine, "ranks", job_id, columns=["rank"])["rank"].to_list()
+    chunks = [
+        _select(engine, table, job_id, columns, from_step, to_step, part, from_ts, to_ts)
+        for part in (ranks[i : i + _RANKS_PER_READ] for i in range(0, len(ranks), _RANKS_PER_READ))
+    ]
+    return (
+        batch
+        for chunk in chunks
+        for batch in fetch_table(engine, chunk).to_batches(max_chunksize=batch_rows)
+    )
 
 
-def _stream(
-    engine: sa.Engine, uri: str | None, query: _Select, batch_rows: int
-) -> Iterator[pa.RecordBatch]:
-    if uri is None:  # an in-memory database: its rows are in memory anyway
-        yield from _read_through_sqlalchemy(engine, query).to_batches(batch_rows)
-        return
-    with _cursor(engine, uri, query, batch_rows=batch_rows) as cursor:
+def _stream(engine: sa.Engine, query: Select, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    uri = _adbc_uri(engine.url)
+    assert uri is not None  # PostgreSQL
+    with _cursor(engine, uri, query) as cursor:
         for i, batch in enumerate(cursor.fetch_record_batch()):
             batch = _conform(batch, query, first=i == 0)
             for start in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(start, batch_rows)
 
 
-class _Select(NamedTuple):
+class Select(NamedTuple):
+    """A read: SQL, its bound parameters and the arrow schema of its result."""
+
     sql: str
     params: list[Any]
     schema: pa.Schema
@@ -126,7 +151,7 @@ def _select(
     ranks: Sequence[int] | None,
     from_ts: float | None,
     to_ts: float | None,
-) -> _Select:
+) -> Select:
     """The SQL and bound parameters of a read: every filter is in the WHERE clause."""
     target = arrow_schema(table, columns)
     dialect = engine.dialect.name
@@ -184,10 +209,10 @@ def _select(
         )
         setup = f"SELECT {', '.join(settings)}"
     sql += " ORDER BY " + ", ".join(str(names.index(k) + 1) for k in keys)
-    return _Select(sql, params, target, typing_row=dialect == "sqlite", setup=setup)
+    return Select(sql, params, target, typing_row=dialect == "sqlite", setup=setup)
 
 
-def _conform(data: Any, query: _Select, *, first: bool = True) -> Any:
+def _conform(data: Any, query: Select, *, first: bool = True) -> Any:
     """An arrow table or batch of `query`'s result without the typing row, in its schema."""
     if first and query.typing_row:
         data = data.slice(1)
@@ -195,7 +220,7 @@ def _conform(data: Any, query: _Select, *, first: bool = True) -> Any:
     return type(data).from_arrays(arrays, schema=query.schema)
 
 
-def _read_through_sqlalchemy(engine: sa.Engine, query: _Select) -> pa.Table:
+def _read_through_sqlalchemy(engine: sa.Engine, query: Select) -> pa.Table:
     """`query`'s result read row-wise through the engine's own connection."""
     # An in-memory SQLite database lives inside that connection: ADBC cannot open it.
     with engine.connect() as conn:
@@ -227,30 +252,24 @@ class _Pool:
         self._lock = threading.Lock()
 
     def connect(self) -> dbapi.Connection:
-        # autocommit: no transaction stays open between reads, so no stale SQLite snapshot
-        # and no PostgreSQL session idle in transaction.
-        if self.uri.startswith("postgresql://"):
-            return adbc_driver_postgresql.dbapi.connect(self.uri, autocommit=True)
-        conn = adbc_driver_sqlite.dbapi.connect(self.uri, autocommit=True)
-        with conn.cursor() as cursor:  # wait out a writer's lock, as the engine's connections do
-            cursor.execute("PRAGMA busy_timeout = 30000")
-        return conn
+        # autocommit: no PostgreSQL session stays idle in transaction between reads.
+        return adbc_driver_postgresql.dbapi.connect(self.uri, autocommit=True)
 
     @contextmanager
-    def cursor(self, query: _Select, batch_rows: int) -> Iterator[dbapi.Cursor]:
+    def cursor(self, query: Select) -> Iterator[dbapi.Cursor]:
         """A cursor that executed `query`; a connection that failed is closed, not reused."""
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         reused, conn = conn is not None, conn or self.connect()
         try:
             try:
-                cursor = _execute(conn, query, batch_rows)
+                cursor = _execute(conn, query)
             except dbapi.Error:
                 if not reused:
                     raise
                 conn.close()  # the server may have closed it while idle: retry on a new one
                 conn = self.connect()
-                cursor = _execute(conn, query, batch_rows)
+                cursor = _execute(conn, query)
             try:
                 yield cursor
                 if query.setup is not None:
@@ -277,9 +296,7 @@ _pools: weakref.WeakKeyDictionary[sa.Engine, _Pool] = weakref.WeakKeyDictionary(
 _pools_lock = threading.Lock()
 
 
-def _cursor(
-    engine: sa.Engine, uri: str, query: _Select, *, batch_rows: int
-) -> AbstractContextManager[dbapi.Cursor]:
+def _cursor(engine: sa.Engine, uri: str, query: Select) -> AbstractContextManager[dbapi.Cursor]:
     """A pooled cursor that executed `query`; the pool is emptied by `engine.dispose()`."""
     with _pools_lock:
         pool = _pools.get(engine)
@@ -287,16 +304,13 @@ def _cursor(
             pool = _pools[engine] = _Pool(uri)
             sa.event.listen(engine, "engine_disposed", pool.close)
             weakref.finalize(engine, pool.close)  # closes its connections with the engine
-    return pool.cursor(query, batch_rows)
+    return pool.cursor(query)
 
 
-def _execute(conn: dbapi.Connection, query: _Select, batch_rows: int) -> dbapi.Cursor:
+def _execute(conn: dbapi.Connection, query: Select) -> dbapi.Cursor:
     """A cursor of `conn` that executed `query` (closed if that failed)."""
     cursor = conn.cursor()
     try:
-        if query.typing_row:  # >= 2: the first batch must hold a stored row after the typing row
-            options = {"adbc.sqlite.query.batch_rows": str(max(batch_rows, 2))}
-            cursor.adbc_statement.set_options(**options)
         if query.setup is None:
             return cursor.execute(query.sql, query.params)
         cursor.execute("BEGIN")  # committed by _Pool.cursor once the result is read

@@ -47,7 +47,7 @@ def _arrow_select(
     job_id: str,
     columns: Sequence[str],
     where: Sequence[tuple[str, str, Any]] = (),
-) -> frames._Select:
+) -> frames.Select:
     """A read of `columns` of a job's rows of a keyed table, in key order, for ADBC."""
     dialect = engine.dialect.name
     unknown = [c for c in columns if c not in table.c]
@@ -79,15 +79,10 @@ def _arrow_select(
         sql = f"SELECT {typed} UNION ALL {sql}"
     sql += " ORDER BY " + ", ".join(str(names.index(k) + 1) for k in keys)
     target = pa.schema([(n, _ARROW_TYPES[kinds[n]]) for n in columns])
-    return frames._Select(sql=sql, params=params, schema=target, typing_row=typing_row, setup=None)
+    return frames.Select(sql=sql, params=params, schema=target, typing_row=typing_row, setup=None)
 
 
-def _fetch(engine: sa.Engine, query: frames._Select) -> pa.Table:
-    uri = frames._adbc_uri(engine.url)
-    if uri is None:
-        return frames._read_through_sqlalchemy(engine, query)
-    with frames._cursor(engine, uri, query, batch_rows=65536) as cursor:
-        return frames._conform(cursor.fetch_arrow_table(), query)
+_fetch = frames.fetch_table
 
 
 def _step_range(from_step: int | None, to_step: int | None) -> list[tuple[str, str, Any]]:

@@ -223,3 +223,21 @@ ROLLUP_TABLES = (
     job_summaries,
     analysis_state,
 )
+
+# --- Webhooks (DESIGN §6) ---------------------------------------------------------------
+
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("finding_key", sa.String(64), primary_key=True, comment="sha256 of the finding"),
+    sa.Column("target", sa.String(64), primary_key=True, comment="sha256 of the webhook URL"),
+    sa.Column("payload", sa.JSON(), nullable=False),
+    sa.Column("created_at", sa.Float(precision=53), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("next_attempt_at", sa.Float(precision=53), comment="NULL: delivered or given up"),
+    sa.Column("delivered_at", sa.Float(precision=53)),
+    sa.Column("last_error", sa.String()),
+)
+"""The webhook outbox: one row per (finding, URL), so each is delivered once, with retries."""
+sa.Index("ix_webhook_deliveries_next_attempt_at", webhook_deliveries.c.next_attempt_at)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -329,3 +332,22 @@ def test_pooled_postgresql_connections_idle_outside_a_transaction_and_are_replac
             assert read_frame(engine, "steps", JOB).height == 2
         finally:
             engine.dispose()
+
+
+def test_sqlite_reads_keep_a_second_sqlite_library_out_of_this_process(tmp_path: Path) -> None:
+    """ADBC's driver links its own SQLite; beside sqlite3 in one process it breaks WAL locking."""
+    url = f"sqlite:///{tmp_path / 'one-library.db'}"
+    code = f"""
+import sys
+from stepscope.store import frames
+from stepscope.store.engine import make_engine
+from stepscope.store.migrate import upgrade
+engine = make_engine({url!r})
+upgrade(engine)
+frames.read_frame(engine, "steps", "j")
+list(frames.iter_batches(engine, "steps", "j"))
+print("adbc_driver_sqlite" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
