@@ -34,6 +34,7 @@ from stepscope.analysis.throughput import mfu_per_step, rollup_series, series_fi
 from stepscope.schema import COLLECTIVES, Finding
 
 __all__ = [
+    "NUMERIC_STEP_COLUMNS",
     "AnalysisConfig",
     "analyze",
     "findings_to_frame",
@@ -56,7 +57,8 @@ _STEP_COLUMNS = (
     "flops",
     "node",
 )
-_NUMERIC_STEP_COLUMNS = tuple(c for c in _STEP_COLUMNS if c not in ("job_id", "node"))
+NUMERIC_STEP_COLUMNS = tuple(c for c in _STEP_COLUMNS if c not in ("job_id", "node"))
+"""The step columns the analysis and the rollups read."""
 _MAX_REFERENCE_RANKS = 256
 
 Frame = pl.DataFrame | pl.LazyFrame
@@ -82,7 +84,7 @@ def analyze(
     job_id = _job_id(steps, job)
     # Strings are the costliest columns to read: a lazy frame's job_id and node are queried
     # on their own, when needed.
-    wanted = _STEP_COLUMNS if isinstance(steps, pl.DataFrame) else _NUMERIC_STEP_COLUMNS
+    wanted = _STEP_COLUMNS if isinstance(steps, pl.DataFrame) else NUMERIC_STEP_COLUMNS
     steps_df = _select(steps, wanted).drop("job_id", "node", strict=False)
     if steps_df.is_empty():
         return []

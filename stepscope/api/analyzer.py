@@ -22,7 +22,12 @@ import polars as pl
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.analysis import AnalysisConfig, job_findings, rank_findings
+from stepscope.analysis import (
+    NUMERIC_STEP_COLUMNS,
+    AnalysisConfig,
+    job_findings,
+    rank_findings,
+)
 from stepscope.analysis import rollups as compute
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.telemetry import GPU_COLUMNS
@@ -35,18 +40,6 @@ OVERLAP_S = 5.0
 """Batches received this long before the watermark are read again: a batch's received_at is
 stamped when its transaction starts, so one may commit after a later-stamped one was read."""
 
-_STEP_COLUMNS = (
-    "rank",
-    "step",
-    "ts",
-    "step_s",
-    "data_s",
-    "comm_wait_s",
-    "compute_s",
-    "tokens",
-    "samples",
-    "flops",
-)
 _COLLECTIVE_COLUMNS = ("rank", "step", "op", "group_size", "count", "bytes", "busy_s")
 _ROLLUP_COLUMNS = [c.name for c in tables.step_rollups.c if c.name != "job_id"]
 _OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
@@ -259,7 +252,7 @@ class JobAnalyzer:
                     ranks=ranks,
                 )
                 for table, columns in (
-                    ("steps", _STEP_COLUMNS),
+                    ("steps", NUMERIC_STEP_COLUMNS),
                     ("collectives", _COLLECTIVE_COLUMNS),
                 )
             )
