@@ -1,4 +1,8 @@
-"""Bearer-token authentication with scopes ingest, read and admin."""
+"""Bearer-token authentication with scopes ingest, read and admin, for every server route.
+
+The collector and the REST API both import this module (neither imports the other). The
+app keeps its settings in `app.state.settings` and a TokenCache in `app.state.tokens`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from stepscope.store import queries
 
@@ -25,6 +30,7 @@ class TokenCache:
         self._lock = threading.Lock()
 
     def scopes(self, token: str) -> frozenset[str] | None:
+        """The scopes of a valid token; None for an unknown or revoked one."""
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(token)
@@ -38,36 +44,59 @@ class TokenCache:
         return found
 
 
+def _unauthorized(message: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, message, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def authorize(request: Request, scope: str) -> None:
+    """Raise 401 without a known bearer token, 403 when it lacks `scope` (admin has all)."""
+    if not request.app.state.settings.auth:
+        return
+    header = request.headers.get("authorization", "")
+    kind, _, token = header.partition(" ")
+    if kind.lower() != "bearer" or not token.strip():
+        raise _unauthorized("missing bearer token")
+    scopes = request.app.state.tokens.scopes(token.strip())
+    if scopes is None:
+        raise _unauthorized("unknown token")
+    if scope not in scopes and "admin" not in scopes:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"token lacks the {scope!r} scope")
+
+
 def require_scope(scope: str) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that admits a request holding a token with `scope` (or admin)."""
+    """An awaitable check admitting a request whose token has `scope` (or admin)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
     # async so FastAPI runs it on the event loop: a sync dependency costs a thread hop per
     # request, and the token cache answers without I/O nearly always.
     async def check(request: Request) -> None:
-        if not request.app.state.settings.auth:
-            return
-        header = request.headers.get("authorization", "")
-        kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer" or not token:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                "missing bearer token",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        scopes = request.app.state.tokens.scopes(token.strip())
-        if scopes is None:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                "unknown token",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if scope not in scopes and "admin" not in scopes:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"token lacks the {scope!r} scope")
+        authorize(request, scope)
 
     return check
 
 
-IngestAuth = Annotated[None, Depends(require_scope("ingest"))]
-ReadAuth = Annotated[None, Depends(require_scope("read"))]
+# Declares the bearer scheme in the OpenAPI document ("Authorize" in /docs); the check
+# itself reads the header, so that a missing token is a 401 whether auth is on or off.
+_bearer = HTTPBearer(auto_error=False, description="A token from `stepscope token create`")
+
+
+def _dependency(scope: str) -> Callable[..., Awaitable[None]]:
+    check = require_scope(scope)
+
+    async def dependency(
+        request: Request,
+        _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> None:
+        await check(request)
+
+    return dependency
+
+
+IngestAuth = Annotated[None, Depends(_dependency("ingest"))]
+ReadAuth = Annotated[None, Depends(_dependency("read"))]
+AdminAuth = Annotated[None, Depends(_dependency("admin"))]
+READ = Depends(_dependency("read"))
+"""Router-level dependency: every route of the router needs the read scope."""

@@ -53,9 +53,18 @@ def serve(
         float | None,
         typer.Option("--analyze-interval", help="Seconds between re-analyses; 0 = off"),
     ] = None,
+    webhook: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook",
+            help="POST new warning/critical findings here (repeatable; adds to "
+            "$STEPSCOPE_WEBHOOK_URLS)",
+        ),
+    ] = None,
 ) -> None:
     """Run the collector, API and dashboard as one server."""
     import uvicorn
+    from pydantic import ValidationError
 
     from stepscope.api.app import create_app
     from stepscope.api.settings import Settings, check_exposure
@@ -70,10 +79,15 @@ def serve(
         overrides["allow_unauthenticated"] = True
     if analyze_interval_s is not None:
         overrides["analyze_interval_s"] = analyze_interval_s
-    settings = Settings(**overrides)  # type: ignore[arg-type]
     try:
+        if webhook:
+            overrides["webhook_urls"] = [*Settings().webhook_urls, *webhook]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
         check_exposure(settings)
         application = create_app(settings)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise fail("; ".join(problems)) from None
     except (ValueError, SchemaOutdatedError) as exc:
         raise fail(str(exc)) from None
     console.print(f"stepscope serving on http://{host}:{port} (database: {settings.database_url})")
@@ -142,7 +156,7 @@ def token_create(
     db: DbOption = None,
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
-    from stepscope.api.auth import SCOPES
+    from stepscope.auth import SCOPES
     from stepscope.store import queries
     from stepscope.store.engine import make_engine
     from stepscope.store.migrate import ensure_current
@@ -245,36 +259,17 @@ def run(
 
 
 def _print_findings(findings: list[Any], output: str) -> None:
+    """Findings one readable line each, or as JSON."""
     import orjson
-    from rich.table import Table
+
+    from stepscope.cli_output import print_finding_lines
 
     if output == "json":
         typer.echo(
             orjson.dumps([f.to_dict() for f in findings], option=orjson.OPT_INDENT_2).decode()
         )
         return
-    table = Table(
-        "kind", "severity", "ranks", "node", "steps", "cause", "metric", "effect", "evidence"
-    )
-    for f in findings:
-        steps = (
-            f"{f.first_step}–{'' if f.last_step is None else f.last_step}"
-            if f.first_step is not None
-            else ""
-        )
-        effect = "" if f.effect is None else f"{f.effect:+.1%}"
-        table.add_row(
-            f.kind,
-            f.severity,
-            ",".join(map(str, f.ranks)),
-            f.node or "",
-            steps,
-            f.cause or "",
-            f.metric or "",
-            effect,
-            str(f.evidence)[:80],
-        )
-    Console().print(table if findings else "no findings")
+    print_finding_lines(findings)
 
 
 @app.command()
@@ -290,14 +285,14 @@ def analyze(
         Path | None, typer.Option("--collectives", help="collectives parquet")
     ] = None,
     gpu_file: Annotated[Path | None, typer.Option("--gpu", help="GPU samples parquet")] = None,
-    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    output: Annotated[str, typer.Option("--format", help="text or json")] = "text",
     full: Annotated[
         bool, typer.Option("--full", help="Stored job: rebuild rollups and findings from scratch")
     ] = False,
 ) -> None:
     """Find stragglers, stalls, slow collectives and throughput drops in a job."""
-    if output not in ("table", "json"):
-        raise fail("--format must be table or json")
+    if output not in ("text", "table", "json"):  # "table": the name of text before
+        raise fail("--format must be text or json")
     if (job_id is None) == (steps_file is None):
         raise fail("give either a JOB_ID (stored job) or --steps FILE (offline), not both")
     if job_id is not None:
@@ -354,9 +349,186 @@ def demo(
         num_ranks=ranks,
         num_steps=steps,
         keep_serving=not exit_after,
-        print_findings=lambda f: _print_findings(f, "table"),
+        print_findings=lambda f: _print_findings(f, "text"),
         say=Console().print,
     )
+
+
+# --- reading stored jobs: from a server (--url) or a database (--db) -----------------------
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url", envvar="STEPSCOPE_URL", help="Read from this server (else from the database)"
+    ),
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="STEPSCOPE_TOKEN", help="Token with read scope")
+]
+OutputOption = Annotated[str, typer.Option("--format", help="text or json")]
+
+
+def _reader(url: str | None, token: str | None, db: str | None) -> Any:
+    """A reader of --db if given, else of the server at --url, else of the default database."""
+    from stepscope.api.readers import HttpReader, StoreReader, sqlite_path
+
+    if url and not db:
+        return HttpReader(url, token)
+    from stepscope.store.engine import make_engine
+    from stepscope.store.migrate import SchemaOutdatedError, ensure_current
+
+    database_url = _database_url(db)
+    path = sqlite_path(database_url)
+    if path is not None and not path.is_file():
+        raise fail(f"no database at {path}: pass --db URL, or --url of a stepscope server")
+    engine = make_engine(database_url)
+    try:
+        ensure_current(engine, auto_upgrade=False)
+    except SchemaOutdatedError as exc:
+        raise fail(str(exc)) from None
+    return StoreReader(engine)
+
+
+def _check_output(output: str) -> None:
+    if output not in ("text", "json"):
+        raise fail(f"--format must be text or json, not {output!r}")
+
+
+def _reading(url: str | None, token: str | None, db: str | None, read: Any) -> Any:
+    """What `read(reader)` returns; a ReadError is printed as an error (exit 1)."""
+    from stepscope.api.readers import ReadError
+
+    reader = _reader(url, token, db)
+    try:
+        return read(reader)
+    except ReadError as exc:
+        raise fail(str(exc), code=1) from None
+    finally:
+        reader.close()
+
+
+@app.command()
+def jobs(
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="running, stale, finished or failed (repeatable)"),
+    ] = None,
+    benchmark_key: Annotated[str | None, typer.Option("--benchmark-key")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Substring of the name")] = None,
+    min_severity: Annotated[
+        str | None, typer.Option("--min-severity", help="With a finding of at least this")
+    ] = None,
+    sort: Annotated[
+        str, typer.Option("--sort", help="started_at, name, step_p50_s, mfu…; '-' descends")
+    ] = "-started_at",
+    limit: Annotated[int, typer.Option("--limit")] = 50,
+    cursor: Annotated[str | None, typer.Option("--cursor", help="Next page")] = None,
+    output: OutputOption = "text",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    db: DbOption = None,
+) -> None:
+    """List stored jobs, newest first."""
+    from stepscope.api.readers import JobsRequest
+    from stepscope.cli_output import print_jobs
+
+    _check_output(output)
+    request = JobsRequest(
+        status=tuple(status or ()),
+        benchmark_key=benchmark_key,
+        name=name,
+        min_severity=min_severity,
+        sort=sort,
+        cursor=cursor,
+        limit=limit,
+    )
+    page = _reading(url, token, db, lambda r: r.jobs(request))
+    if output == "json":
+        typer.echo(page.model_dump_json(indent=2))
+    else:
+        print_jobs(page)
+
+
+@app.command()
+def show(
+    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    output: OutputOption = "text",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    db: DbOption = None,
+) -> None:
+    """A job's summary and its findings."""
+    from stepscope.cli_output import print_summary
+
+    _check_output(output)
+    summary, found = _reading(url, token, db, lambda r: (r.summary(job_id), r.findings(job_id)))
+    if output == "json":
+        import orjson
+
+        doc = {"summary": summary.model_dump(), "findings": [f.model_dump() for f in found]}
+        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print_summary(summary, found)
+
+
+@app.command()
+def findings(
+    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    output: OutputOption = "text",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    db: DbOption = None,
+) -> None:
+    """A job's findings, one readable line each."""
+    from stepscope.api.readers import findings_json
+    from stepscope.cli_output import print_finding_lines
+
+    _check_output(output)
+    found = _reading(url, token, db, lambda r: r.findings(job_id))
+    if output == "json":
+        typer.echo(findings_json(found))
+    else:
+        print_finding_lines(found)
+
+
+@app.command()
+def export(
+    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    out: Annotated[Path, typer.Option("-o", "--output", help="File to write; - for stdout")],
+    table: Annotated[
+        str, typer.Option("--table", help="steps, collectives, gpu, events or findings")
+    ] = "steps",
+    file_format: Annotated[
+        str, typer.Option("--format", help="parquet, csv or ndjson")
+    ] = "parquet",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    db: DbOption = None,
+) -> None:
+    """Write a job's records of one table in the canonical columns, streamed."""
+    import sys
+
+    def write(reader: Any) -> int:
+        chunks = reader.export(job_id, table, file_format)
+        if str(out) == "-":
+            size = 0
+            for chunk in chunks:
+                sys.stdout.buffer.write(chunk)
+                size += len(chunk)
+            sys.stdout.buffer.flush()
+            return size
+        partial = out.with_name(out.name + ".part")  # a failed export leaves no FILE behind
+        size = 0
+        with partial.open("wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                size += len(chunk)
+        partial.replace(out)
+        return size
+
+    size = _reading(url, token, db, write)
+    if str(out) != "-":
+        console.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,9 @@ def test_demo_streams_a_job_and_names_the_slow_ranks(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "240"},
     )
     assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if "straggler_rank" in line]
-    cells = [[c.strip() for c in line.split("│")] for line in rows]
-    named = {(c[3], c[6]) for c in cells}  # (ranks, cause)
+    # One line per finding: "critical  rank 5 (node-0000)  straggler since step 200  compute +25%…"
+    straggler = re.compile(r"\brank (\d+)\b.*\bstraggler\b.*?\b(compute|data|comm)\b")
+    named = {m.groups() for line in out.stdout.splitlines() if (m := straggler.search(line))}
     assert named == {("5", "compute"), ("11", "data")}
     (job,) = read_rows(db_url, "jobs", None)
     assert job["status"] == "finished"

@@ -1,4 +1,4 @@
-"""The one ASGI app: collector, REST API and health, sharing one engine."""
+"""The one ASGI app: collector, REST API, webhooks and health, sharing one engine."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ from contextlib import asynccontextmanager
 
 import sqlalchemy as sa
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from stepscope import __version__
+from stepscope.api import errors
 from stepscope.api.analyzer import BackgroundAnalyzer
-from stepscope.api.auth import TokenCache
+from stepscope.api.openapi import build_openapi
+from stepscope.api.routes import router as api_router
 from stepscope.api.settings import Settings
+from stepscope.api.webhooks import WebhookSender
+from stepscope.auth import TokenCache
 from stepscope.collector.ingest import route as ingest_route
 from stepscope.store.engine import is_sqlite, make_engine
 from stepscope.store.migrate import ensure_current
@@ -23,35 +28,70 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     ensure_current(engine, auto_upgrade=is_sqlite(engine))
+    webhooks = (
+        WebhookSender(
+            engine,
+            settings.webhook_urls,
+            secret=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
+            timeout_s=settings.webhook_timeout_s,
+            max_attempts=settings.webhook_max_attempts,
+        )
+        if settings.webhook_urls
+        else None
+    )
+    on_findings = webhooks.offer if webhooks else None
     analyzer = BackgroundAnalyzer(
         engine,
         interval_s=settings.analyze_interval_s,
         active_within_s=settings.active_within_s,
         grace_s=settings.rollup_grace_s,
+        on_findings=on_findings,
     )
     writer = BatchWriter(engine)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if webhooks:
+            webhooks.start()
         analyzer.start()
         try:
             yield
         finally:
             analyzer.stop()
+            if webhooks:
+                webhooks.stop()
             writer.close()
             engine.dispose()
 
-    app = FastAPI(title="stepscope", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="stepscope",
+        version=__version__,
+        description="Performance observability for distributed training: the collector "
+        "(/v1/ingest) and the query API (/api/v1).",
+        lifespan=lifespan,
+    )
     app.state.settings = settings
     app.state.engine = engine
     app.state.writer = writer
     app.state.tokens = TokenCache(engine)
+    app.state.on_findings = on_findings
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
+        )
+    errors.install(app)
     app.router.routes.append(ingest_route)
+    app.include_router(api_router)
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         return {"status": "ok", "database": engine.dialect.name}
+
 
     return app

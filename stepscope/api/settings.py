@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stepscope.store.engine import DEFAULT_DATABASE_URL
 
@@ -30,6 +32,34 @@ class Settings(BaseSettings):
     """A job is active while some rank sent a batch within this many seconds."""
     rollup_grace_s: float = Field(default=30.0, ge=0)
     """A step is rolled up once every rank reported it, or when it ended this long ago."""
+    webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Where new warning/critical findings are POSTed (Slack-compatible JSON); comma-separated."""
+    webhook_secret: SecretStr | None = None
+    """Signs each webhook body: header X-Stepscope-Signature-256: sha256=<HMAC-SHA256 hex>."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one webhook POST may take."""
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    """Attempts per finding and URL before giving up (backoff doubles from 2 s to 10 min)."""
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
+
+    @field_validator("webhook_urls", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """A comma-separated string (or a JSON list) from the environment as a list."""
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("["):
+            return json.loads(value)
+        return [part.strip() for part in value.split(",") if part.strip()]
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"webhook URL {url!r} must start with http:// or https://")
+        return urls
 
 
 def is_loopback(host: str) -> bool:

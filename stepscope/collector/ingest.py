@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stepscope.api.auth import require_scope
+from stepscope.auth import require_scope
 from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
 from stepscope.store.writer import BatchWriter
 

@@ -8,6 +8,7 @@ JobNotFound; a bad argument raises ValueError naming it and its allowed values.
 
 from stepscope.query.collectives import CollectiveStats, OpSeries, SizeStats, collective_stats
 from stepscope.query.common import JobNotFound
+from stepscope.query.compare import Comparison, ComponentDifference, Difference, compare
 from stepscope.query.exports import FORMATS as EXPORT_FORMATS
 from stepscope.query.exports import MEDIA_TYPES as EXPORT_MEDIA_TYPES
 from stepscope.query.exports import TABLES as EXPORT_TABLES
@@ -37,6 +38,9 @@ __all__ = [
     "SERIES_METRICS",
     "Band",
     "CollectiveStats",
+    "Comparison",
+    "ComponentDifference",
+    "Difference",
     "GpuSeries",
     "Heatmap",
     "JobFilters",
@@ -50,6 +54,7 @@ __all__ = [
     "SizeStats",
     "StoredFinding",
     "collective_stats",
+    "compare",
     "decode_values",
     "export",
     "findings",

@@ -22,12 +22,16 @@ def series_indices(x: NDArray[np.int64], y: Values, max_points: int) -> Indices:
     pre-selection bucket), and the global extremes are added if it left them out. `y` must
     be finite and `x` increasing.
     """
+    if x.size <= max_points:  # (also: no argmin of an empty series)
+        return np.arange(x.size, dtype=np.int64)
     return _pick(x, [y], [int(np.argmin(y)), int(np.argmax(y))], max_points)
 
 
 def band_indices(x: NDArray[np.int64], lower: Values, upper: Values, max_points: int) -> Indices:
     """At most `max_points` sorted indices chosen once for a band: its shape from MinMaxLTTB
     on both edges, always with the global min of `lower` and the global max of `upper`."""
+    if x.size <= max_points:
+        return np.arange(x.size, dtype=np.int64)
     return _pick(x, [upper, lower], [int(np.argmax(upper)), int(np.argmin(lower))], max_points)
 
 

@@ -26,6 +26,7 @@ EXPECTED_TABLES = {
     "gpu_buckets",
     "job_summaries",
     "analysis_state",
+    "webhook_deliveries",
     "alembic_version",
 }
 

@@ -1,0 +1,9 @@
+"""The REST query API under /api/v1: thin routes over stepscope.query."""
+
+from fastapi import APIRouter
+
+from stepscope.api.routes import charts, compare, exports, jobs
+
+router = APIRouter(prefix="/api/v1")
+for module in (jobs, charts, exports, compare):
+    router.include_router(module.router)

@@ -1,0 +1,452 @@
+"""Response models of the REST API, built from the query layer's results.
+
+Floats that are unknown (None or NaN in the query results) are JSON null. Arrays are
+per-point lists (`step[i]`, `value[i]`), so a 2,000-point series stays small.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, Field
+
+from stepscope import query, schema
+from stepscope.describe import finding_line, job_cost
+
+if TYPE_CHECKING:
+    Severity = str
+    FindingKind = str
+    Cause = str
+    JobStatus = str
+else:
+    Severity = Literal[schema.SEVERITIES]
+    FindingKind = Literal[schema.FINDING_KINDS]
+    Cause = Literal[schema.CAUSES]
+    JobStatus = Literal[query.JOB_STATUSES]
+
+Floats = list[float | None]
+
+
+def floats(values: NDArray[np.floating[Any]]) -> Floats:
+    """A float array as a list; NaN stays NaN and is written as JSON null."""
+    out: Floats = values.astype(np.float64).tolist()
+    return out
+
+
+def ints(values: NDArray[np.integer[Any]]) -> list[int]:
+    out: list[int] = values.astype(np.int64).tolist()
+    return out
+
+
+class ErrorRead(BaseModel):
+    """An error: what was wrong and what to do."""
+
+    detail: str
+
+
+class ParameterError(BaseModel):
+    parameter: str
+    """The request parameter (query, path or body field) that is wrong."""
+    message: str
+
+
+class ValidationErrorRead(BaseModel):
+    """A 422: every wrong parameter, named, with what it must be."""
+
+    detail: str
+    errors: list[ParameterError]
+
+
+class JobRead(BaseModel):
+    """One job of the list; summary figures and finding counts are null before analysis."""
+
+    job_id: str
+    name: str | None
+    benchmark_key: str | None
+    status: JobStatus
+    world_size: int | None
+    num_nodes: int | None
+    started_at: float | None
+    ended_at: float | None
+    last_seen: float | None
+    step_p50_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    num_info: int | None
+    num_warning: int | None
+    num_critical: int | None
+
+    @classmethod
+    def of(cls, row: query.JobRow) -> JobRead:
+        return cls(**{name: getattr(row, name) for name in cls.model_fields})
+
+
+class JobsPage(BaseModel):
+    """A page of jobs; pass next_cursor as `cursor` for the next page (null on the last)."""
+
+    jobs: list[JobRead]
+    next_cursor: str | None
+
+    @classmethod
+    def of(cls, page: query.JobsPage) -> JobsPage:
+        return cls(jobs=[JobRead.of(j) for j in page.jobs], next_cursor=page.next_cursor)
+
+
+class JobSummaryRead(BaseModel):
+    """A job: size, progress, status, steady-state figures (null until first analysed),
+    the data, compute and comm-wait shares of the ranks' step time, findings by severity."""
+
+    job_id: str
+    name: str | None
+    benchmark_key: str | None
+    status: JobStatus
+    world_size: int | None
+    num_nodes: int | None
+    num_ranks_seen: int | None
+    num_steps: int | None
+    first_step: int | None
+    last_step: int | None
+    device_name: str | None
+    peak_flops: float | None
+    started_at: float | None
+    ended_at: float | None
+    last_seen: float | None
+    step_p50_s: float | None
+    step_p90_s: float | None
+    tokens_per_s: float | None
+    samples_per_s: float | None
+    mfu: float | None
+    data_share: float | None
+    compute_share: float | None
+    comm_wait_share: float | None
+    num_info: int | None
+    num_warning: int | None
+    num_critical: int | None
+    analysed_at: float | None
+    attributes: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, summary: query.JobSummary) -> JobSummaryRead:
+        return cls(**{name: getattr(summary, name) for name in cls.model_fields})
+
+
+class FindingRead(BaseModel):
+    """A finding of the analysis, with its one-line text and, when known, its cost."""
+
+    id: int
+    job_id: str
+    kind: FindingKind
+    severity: Severity
+    ranks: list[int]
+    node: str | None
+    first_step: int | None
+    last_step: int | None
+    """null while it goes on."""
+    metric: str | None
+    expected: float | None
+    observed: float | None
+    effect: float | None
+    """Relative, signed: observed / expected − 1."""
+    cause: Cause | None
+    evidence: dict[str, Any]
+    detected_at: float | None
+    text: str
+    """One readable line (at most 80 characters)."""
+    job_cost: float | None
+    """Share of the job's step time this finding costs, where known."""
+
+    @classmethod
+    def of(cls, f: query.StoredFinding) -> FindingRead:
+        fields = {name: getattr(f, name) for name in (*schema.FINDINGS.names, "id")}
+        fields["ranks"] = list(f.ranks or ())
+        fields["evidence"] = dict(f.evidence or {})
+        return cls(**fields, text=finding_line(f), job_cost=job_cost(f))
+
+
+class SeriesRead(BaseModel):
+    """A metric over steps (at most max_points, the extremes kept): value[i] at step[i]."""
+
+    metric: str
+    agg: str | None
+    """The aggregate across ranks; null for job-level metrics and one rank's values."""
+    rank: int | None
+    step: list[int]
+    value: Floats
+    num_steps: int
+    """Steps with a value before downsampling."""
+
+    @classmethod
+    def of(cls, s: query.Series) -> SeriesRead:
+        return cls(
+            metric=s.metric,
+            agg=s.agg,
+            rank=s.rank,
+            step=ints(s.step),
+            value=floats(s.value),
+            num_steps=s.num_steps,
+        )
+
+
+class RankRead(BaseModel):
+    """One rank: each time component's median (over step buckets of its bucket means, s)
+    and mean, its excess over the job's median rank, and how often it was the slowest."""
+
+    rank: int
+    node: str | None
+    median_s: dict[str, float | None]
+    mean_s: dict[str, float | None]
+    excess_s: dict[str, float | None]
+    """median_s minus the median over ranks of median_s, per component."""
+    compute_excess: float | None
+    """Relative: compute_s median / the median rank's − 1."""
+    step_excess: float | None
+    slowest_share: float | None
+    """Share of the job's rolled-up steps in which this rank had the longest step."""
+    finding_ids: list[int]
+
+
+class RankTableRead(BaseModel):
+    """Every rank of the job, slowest first (by median data_s + compute_s)."""
+
+    bucket_steps: int | None
+    ranks: list[RankRead]
+
+    @classmethod
+    def of(cls, t: query.RankTable) -> RankTableRead:
+        def column(values: dict[str, NDArray[np.float64]]) -> list[dict[str, float | None]]:
+            lists = {m: floats(v) for m, v in values.items()}
+            return [{m: v[i] for m, v in lists.items()} for i in range(t.rank.size)]
+
+        median, mean, excess = column(t.median), column(t.mean), column(t.excess_s)
+        compute, step, slowest = (
+            floats(t.compute_excess),
+            floats(t.step_excess),
+            floats(t.slowest_share),
+        )
+        return cls(
+            bucket_steps=t.bucket_steps,
+            ranks=[
+                RankRead(
+                    rank=rank,
+                    node=t.node[i],
+                    median_s=median[i],
+                    mean_s=mean[i],
+                    excess_s=excess[i],
+                    compute_excess=compute[i],
+                    step_excess=step[i],
+                    slowest_share=slowest[i],
+                    finding_ids=t.finding_ids[i],
+                )
+                for i, rank in enumerate(ints(t.rank))
+            ],
+        )
+
+
+class HeatmapRead(BaseModel):
+    """A rank × step grid (rows of ranks by node, columns of steps), values quantised to
+    uint8 over `scale`, zlib-deflated and base64-encoded (stepscope.query.decode_values):
+    value = scale[0] + q / 254 × (scale[1] − scale[0]); q = `null` for an empty cell."""
+
+    metric: str
+    stat: str
+    ranks: list[int]
+    """First rank of each row."""
+    rank_order: list[int] | None
+    """Every rank in display order when rows group several ranks (else null)."""
+    row_starts: list[int] | None
+    """Offset in rank_order of each row's first rank, and len(rank_order) last."""
+    nodes: list[str | None]
+    step_edges: list[int]
+    """Column j covers steps step_edges[j] <= step < step_edges[j + 1]."""
+    shape: list[int]
+    scale: list[float]
+    null: int
+    encoding: str
+    values: str
+
+    @classmethod
+    def of(cls, heat: query.Heatmap | None, metric: str, stat: str) -> HeatmapRead:
+        if heat is None:  # before the job's first rollup: an empty grid
+            empty = np.empty(0, dtype=np.int64)
+            heat = query.Heatmap(
+                metric=metric,
+                stat=stat,
+                rank_order=empty,
+                row_starts=np.zeros(1, dtype=np.int64),
+                ranks=empty,
+                nodes=[],
+                step_edges=empty,
+                values=np.empty((0, 0), dtype=np.float32),
+            )
+        return cls(**heat.encode())
+
+
+class SizeRead(BaseModel):
+    """An op and message-size bucket (floor(log2(bytes per call)); -1 without bytes):
+    medians over its steps of the median rank's busbw (waiting included) and of the
+    fastest rank's (transfer) bus and algorithm bandwidth, in bytes/s."""
+
+    op: str
+    size_log2: int
+    num_steps: int
+    bytes_per_call_p50: float | None
+    busbw_p50_bps: float | None
+    transfer_busbw_p50_bps: float | None
+    algbw_p50_bps: float | None
+
+
+class OpSeriesRead(BaseModel):
+    """An op's bus bandwidth over steps: median rank and slowest rank, bytes/s."""
+
+    op: str
+    step: list[int]
+    busbw_p50_bps: Floats
+    busbw_min_bps: Floats
+
+
+class CollectivesRead(BaseModel):
+    """A job's collectives per op and message size, and per op over steps."""
+
+    sizes: list[SizeRead]
+    series: list[OpSeriesRead]
+
+    @classmethod
+    def of(cls, c: query.CollectiveStats) -> CollectivesRead:
+        s = c.sizes
+        columns = (
+            ints(s.size_log2),
+            ints(s.num_steps),
+            floats(s.bytes_per_call_p50),
+            floats(s.busbw_p50_bps),
+            floats(s.transfer_busbw_p50_bps),
+            floats(s.algbw_p50_bps),
+        )
+        return cls(
+            sizes=[
+                SizeRead(
+                    op=op,
+                    size_log2=size,
+                    num_steps=n,
+                    bytes_per_call_p50=per_call,
+                    busbw_p50_bps=busbw,
+                    transfer_busbw_p50_bps=transfer,
+                    algbw_p50_bps=algbw,
+                )
+                for op, size, n, per_call, busbw, transfer, algbw in zip(
+                    s.op, *columns, strict=True
+                )
+            ],
+            series=[
+                OpSeriesRead(
+                    op=o.op,
+                    step=ints(o.step),
+                    busbw_p50_bps=floats(o.busbw_p50_bps),
+                    busbw_min_bps=floats(o.busbw_min_bps),
+                )
+                for o in c.series
+            ],
+        )
+
+
+class GpuRead(BaseModel):
+    """GPU telemetry per time bucket [ts[i], ts[i] + bucket_s): per device of one rank
+    (gpu_index[i]; values: each metric's mean, temp_c_max, sm_clock_mhz_min,
+    mem_used_bytes_max) or across the job's devices (values: {metric}_min, _p50, _max of
+    the devices' means). Empty lists for a job without samples."""
+
+    rank: int | None
+    bucket_s: float | None
+    ts: list[float]
+    gpu_index: list[int] | None
+    num_devices: list[int]
+    values: dict[str, Floats]
+    throttle_reasons: list[int]
+    """OR of the NVML clocks-event reasons in the bucket."""
+
+    @classmethod
+    def of(cls, g: query.GpuSeries | None, rank: int | None) -> GpuRead:
+        if g is None:
+            return cls(
+                rank=rank,
+                bucket_s=None,
+                ts=[],
+                gpu_index=None if rank is None else [],
+                num_devices=[],
+                values={},
+                throttle_reasons=[],
+            )
+        return cls(
+            rank=g.rank,
+            bucket_s=g.bucket_s,
+            ts=[float(t) for t in g.ts.tolist()],
+            gpu_index=None if g.gpu_index is None else ints(g.gpu_index),
+            num_devices=ints(g.num_devices),
+            values={name: floats(v) for name, v in g.values.items()},
+            throttle_reasons=ints(g.throttle_reasons),
+        )
+
+
+class DifferenceRead(BaseModel):
+    """One figure of both jobs: candidate − baseline and candidate / baseline − 1."""
+
+    name: str
+    baseline: float | None
+    candidate: float | None
+    difference: float | None
+    relative: float | None
+    higher_is_better: bool | None
+
+    @classmethod
+    def of(cls, d: query.Difference) -> DifferenceRead:
+        return cls(**{name: getattr(d, name) for name in cls.model_fields})
+
+
+class ComponentDifferenceRead(BaseModel):
+    """A time component: its share of the ranks' step time and its seconds per step."""
+
+    component: str
+    share: DifferenceRead
+    seconds: DifferenceRead
+
+
+class ComparisonRead(BaseModel):
+    """A candidate job against a baseline: both summaries and the differences."""
+
+    baseline: JobSummaryRead
+    candidate: JobSummaryRead
+    same_benchmark_key: bool
+    metrics: list[DifferenceRead]
+    components: list[ComponentDifferenceRead]
+
+    @classmethod
+    def of(cls, c: query.Comparison) -> ComparisonRead:
+        return cls(
+            baseline=JobSummaryRead.of(c.baseline),
+            candidate=JobSummaryRead.of(c.candidate),
+            same_benchmark_key=c.same_benchmark_key,
+            metrics=[DifferenceRead.of(d) for d in c.metrics],
+            components=[
+                ComponentDifferenceRead(
+                    component=d.component,
+                    share=DifferenceRead.of(d.share),
+                    seconds=DifferenceRead.of(d.seconds),
+                )
+                for d in c.components
+            ],
+        )
+
+
+class DeletedRead(BaseModel):
+    """What deleting a job removed: rows per table."""
+
+    job_id: str
+    deleted_rows: dict[str, int]
+
+
+class IngestResultRead(BaseModel):
+    """An ingested batch: rows stored per section, and whether it was a resend."""
+
+    accepted: dict[str, int] = Field(description="rows stored per section")
+    duplicate: bool

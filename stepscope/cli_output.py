@@ -1,0 +1,104 @@
+"""What the CLI's read commands print: jobs tables, job summaries, finding lines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
+from stepscope.describe import finding_line
+from stepscope.schema import Finding
+
+
+def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
+    """One line per finding, or 'no findings'."""
+    lines = [f.text if isinstance(f, FindingRead) else finding_line(f) for f in findings]
+    typer.echo("\n".join(lines) if lines else "no findings")
+
+
+def print_jobs(page: JobsPage) -> None:
+    """The jobs as a table, and how to get the next page."""
+    if not page.jobs:
+        typer.echo("no jobs")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    table.add_column("job", overflow="fold")
+    for header in ("status", "ranks", "step p50", "tokens/s", "MFU", "c/w/i", "started UTC"):
+        table.add_column(header, no_wrap=True)
+    for j in page.jobs:
+        counts = (j.num_critical, j.num_warning, j.num_info)
+        table.add_row(
+            j.job_id,
+            j.status,
+            _int(j.world_size),
+            _seconds(j.step_p50_s),
+            _rate(j.tokens_per_s),
+            _share(j.mfu),
+            "/".join(_int(c) for c in counts) if j.num_info is not None else "",
+            _when(j.started_at, "%m-%d %H:%M"),
+        )
+    Console().print(table)
+    if page.next_cursor:
+        typer.echo(f"more: --cursor {page.next_cursor}")
+
+
+def print_summary(s: JobSummaryRead, findings: list[FindingRead]) -> None:
+    """A job's summary in a few lines, then its findings, one a line."""
+    named = f" ({s.name})" if s.name and s.name != s.job_id else ""
+    lines = [f"job {s.job_id}{named}: {s.status}"]
+    if s.benchmark_key:
+        lines.append(f"benchmark key  {s.benchmark_key}")
+    size = f"{_int(s.world_size or s.num_ranks_seen)} ranks on {_int(s.num_nodes)} node(s)"
+    device = f", {s.device_name}" if s.device_name else ""
+    peak = f", peak {s.peak_flops / 1e12:,.0f} TFLOP/s" if s.peak_flops else ", peak unknown"
+    lines.append(f"size           {size}{device}{peak}")
+    if s.first_step is not None:
+        lines.append(f"steps          {s.first_step}-{s.last_step} ({_int(s.num_steps)} rolled up)")
+    lines.append(f"started        {_when(s.started_at)}, last seen {_when(s.last_seen)}")
+    if s.analysed_at is None:
+        lines.append("not analysed yet: run `stepscope analyze JOB` or wait for the server")
+    else:
+        lines.append(
+            f"step time      p50 {_seconds(s.step_p50_s)}, p90 {_seconds(s.step_p90_s)}; "
+            f"{_rate(s.tokens_per_s)} tokens/s, {_rate(s.samples_per_s)} samples/s"
+        )
+        lines.append(
+            f"MFU            {_share(s.mfu) or 'unknown'}; of the step: compute "
+            f"{_share(s.compute_share)}, comm wait {_share(s.comm_wait_share)}, "
+            f"data {_share(s.data_share)}"
+        )
+        lines.append(
+            f"findings       {_int(s.num_critical)} critical, {_int(s.num_warning)} warning, "
+            f"{_int(s.num_info)} info"
+        )
+    typer.echo("\n".join(lines))
+    if findings:
+        typer.echo("")
+        print_finding_lines(findings)
+
+
+def _int(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g} s"
+
+
+def _rate(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def _share(value: float | None) -> str:
+    return "" if value is None else f"{value:.1%}"
+
+
+def _when(ts: float | None, format: str = "%Y-%m-%d %H:%M UTC") -> str:
+    if ts is None:
+        return "?"
+    return datetime.fromtimestamp(ts, UTC).strftime(format)

@@ -1,0 +1,137 @@
+"""With auth on, every route answers 401 without a token, 403 with a wrong scope, 2xx with
+the right one (admin holds every scope)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from stepscope.simulate import rank_batches, stream_job
+from stepscope.store import queries
+from stepscope.store.engine import make_engine
+from stepscope.store.migrate import upgrade
+from stepscope.synth import JobSpec, generate
+from tests.server import RunningServer, run_server
+
+JOB = "auth-job"
+DOOMED = "auth-doomed"
+
+
+@dataclass(frozen=True, slots=True)
+class Secured:
+    server: RunningServer
+    tokens: dict[str, str]
+    """scope → a token holding only that scope."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    template: str
+    scope: str
+    """The scope it needs; "read" routes refuse an ingest token, the others a read token."""
+
+    @property
+    def wrong_scopes(self) -> tuple[str, ...]:
+        return {"read": ("ingest",), "ingest": ("read",), "admin": ("read", "ingest")}[self.scope]
+
+
+ROUTES = [
+    Route("GET", "/api/v1/jobs", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/findings", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/timeseries", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/ranks", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/heatmap", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/collectives", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/gpu", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/export", "read"),
+    Route("GET", "/api/v1/compare", "read"),
+    Route("POST", "/api/v1/jobs/{job_id}/analyze", "ingest"),
+    Route("POST", "/v1/ingest", "ingest"),
+    Route("DELETE", "/api/v1/jobs/{job_id}", "admin"),
+]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """A server with auth on, a token per scope, and two small analysed jobs."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('auth') / 'stepscope.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    tokens = {s: queries.create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
+    tokens["admin"] = queries.create_token(engine, name="admin", scopes=["admin"])
+    engine.dispose()
+    with run_server(url, extra_args=["--auth"]) as server:
+        for job_id in (JOB, DOOMED):
+            job = generate(JobSpec(job_id=job_id, num_ranks=2, num_steps=60, spike_prob=0.0))
+            assert not stream_job(job, server.url, token=tokens["ingest"]).failures
+        yield Secured(server=server, tokens=tokens)
+
+
+def call(secured: Secured, route: Route, token: str | None) -> httpx.Response:
+    job_id = DOOMED if route.method == "DELETE" else JOB
+    path = route.template.format(job_id=job_id)
+    params = {"baseline": JOB, "candidate": JOB} if path.endswith("/compare") else None
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    body = None
+    if path == "/v1/ingest":
+        job = generate(JobSpec(job_id="auth-ingest", num_ranks=1, num_steps=5))
+        body = orjson.dumps(next(rank_batches(job, 0, steps_per_batch=5)))
+        headers["Content-Type"] = "application/json"
+    return httpx.request(
+        route.method,
+        f"{secured.server.url}{path}",
+        params=params,
+        headers=headers,
+        content=body,
+        timeout=60,
+    )
+
+
+def test_the_matrix_covers_every_route_of_the_openapi_document(secured: Secured) -> None:
+    doc = httpx.get(f"{secured.server.url}/openapi.json").json()
+    documented = {
+        (method.upper(), path)
+        for path, item in doc["paths"].items()
+        for method in item
+        if path != "/healthz"
+    }
+    assert documented == {(r.method, r.template) for r in ROUTES}
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r.method} {r.template}")
+def test_a_route_needs_a_token_with_its_scope(secured: Secured, route: Route) -> None:
+    missing = call(secured, route, None)
+    unknown = call(secured, route, "ss_not-a-token")
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert unknown.status_code == 401
+    for scope in route.wrong_scopes:
+        wrong = call(secured, route, secured.tokens[scope])
+        assert wrong.status_code == 403, scope
+        assert route.scope in wrong.json()["detail"]
+    right = call(secured, route, secured.tokens[route.scope])
+    assert 200 <= right.status_code < 300, right.text
+
+
+@pytest.mark.parametrize("route", ROUTES[:-1], ids=lambda r: f"{r.method} {r.template}")
+def test_an_admin_token_opens_every_route(secured: Secured, route: Route) -> None:
+    assert 200 <= call(secured, route, secured.tokens["admin"]).status_code < 300
+
+
+def test_health_and_the_openapi_document_need_no_token(secured: Secured) -> None:
+    for path in ("/healthz", "/openapi.json", "/docs"):
+        assert httpx.get(f"{secured.server.url}{path}").status_code == 200
+
+
+def test_tokens_are_stored_as_hashes_only(secured: Secured, tmp_path: Path) -> None:
+    from tests.server import read_rows
+
+    stored = repr(read_rows(secured.server.db_url, "api_tokens", None))
+    assert all(token not in stored for token in secured.tokens.values())
