@@ -12,7 +12,7 @@ def delete_job(engine: sa.Engine, job_id: str) -> dict[str, int]:
     """Delete the job's rows from every table in one transaction; rows deleted per table."""
     deleted: dict[str, int] = {}
     with engine.begin() as conn:
-        for table in (*RAW_TABLES, *DERIVED_TABLES, tables.webhook_deliveries):
+        for table in (*RAW_TABLES, *DERIVED_TABLES):
             result = conn.execute(sa.delete(table).where(table.c.job_id == job_id))
             deleted[table.name] = result.rowcount
     return deleted

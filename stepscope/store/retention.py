@@ -17,7 +17,13 @@ RAW_TABLES = (
     cast(sa.Table, tables.IngestBatch.__table__),
 )
 """What `prune --keep-rollups` deletes: the raw rows and the batches' idempotency keys."""
-DERIVED_TABLES = (*tables.ROLLUP_TABLES, tables.findings, tables.ranks, tables.jobs)
+DERIVED_TABLES = (
+    *tables.ROLLUP_TABLES,
+    tables.webhook_deliveries,
+    tables.findings,
+    tables.ranks,
+    tables.jobs,
+)
 
 
 @dataclass(kw_only=True, slots=True)

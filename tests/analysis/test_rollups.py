@@ -39,9 +39,7 @@ def test_step_rollup_equals_a_group_by_over_ranks(frames: dict[str, pl.DataFrame
     assert row["step_s_min"] == at["step_s"].min()
     assert row["step_s_max"] == at["step_s"].max()
     assert row["step_s_p50"] == pytest.approx(float(np.median(at["step_s"].to_numpy())))
-    assert row["compute_s_p90"] == pytest.approx(
-        float(np.quantile(_compute_s(at).to_numpy(), 0.9))
-    )
+    assert row["compute_s_p90"] == pytest.approx(float(np.quantile(_compute_s(at).to_numpy(), 0.9)))
     assert row["data_s_mean"] == pytest.approx(at["data_s"].mean())
     assert row["slowest_rank"] == at.sort("step_s")["rank"][-1]
     assert row["tokens"] == at["tokens"].sum()
