@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from stepscope.store import tables
 from stepscope.store.retention import DERIVED_TABLES, RAW_TABLES
 
 
