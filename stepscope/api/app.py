@@ -93,5 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             conn.execute(sa.text("SELECT 1"))
         return {"status": "ok", "database": engine.dialect.name}
 
+    from stepscope.dashboard import mount_dashboard
 
+    mount_dashboard(app, engine, settings)
     return app

@@ -1,0 +1,569 @@
+"""The dashboard's charts as pure functions: query results in, `go.Figure` out.
+
+Arrays go into the figures as numpy arrays, so that plotly ≥ 6 sends them as base64 typed
+arrays (float32 where the precision is not needed). Every user-provided string (node names,
+event messages) is HTML-escaped before plotly sees it: plotly renders a subset of HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from numpy.typing import NDArray
+from plotly.subplots import make_subplots
+
+from stepscope.dashboard import fmt, words
+from stepscope.query import Band, CollectiveStats, GpuSeries, Heatmap, RankTable, Series
+from stepscope.schema import Finding
+
+SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+COMPONENT_COLORS = {"data_s": "#8e24aa", "compute_s": "#2e7d32", "comm_wait_s": "#f9a825"}
+COMPONENT_NAMES = {"data_s": "data", "compute_s": "compute", "comm_wait_s": "comm wait"}
+BAND_COLOR = "#1565c0"
+HEATMAP_SCALE = "Viridis"
+HEATMAP_KEEP_BITS = 10
+"""Mantissa bits kept in heatmap cells: 0.1% precision, ~1.4 gzipped bytes a cell."""
+MAX_NODE_LINES = 128
+"""Node separators are drawn on a heatmap of at most this many nodes."""
+_CHANGE_KINDS = ("throughput_drop", "throughput_gain", "mfu_low")
+_BASE_LAYOUT: dict[str, Any] = {
+    "template": "plotly_white",
+    "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+    "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+    "hovermode": "closest",
+    "uirevision": "keep",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """A job event placed on the step axis."""
+
+    step: float
+    kind: str
+    rank: int
+    message: str | None
+
+
+def text(value: object) -> str:
+    """A user string made safe for plotly's HTML-like text rendering."""
+    return html.escape(str(value), quote=False)
+
+
+def f32(values: NDArray[Any]) -> NDArray[np.float32]:
+    """Float32 copy of an array (half the bytes of float64 on the wire)."""
+    return np.asarray(values, dtype=np.float32)
+
+
+def round_mantissa(values: NDArray[Any], keep_bits: int = HEATMAP_KEEP_BITS) -> NDArray[np.float32]:
+    """Float32 values rounded to `keep_bits` mantissa bits (NaN stays NaN): the zeroed low
+    bits compress well, and a colour needs no more precision."""
+    drop = 23 - keep_bits
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    if drop <= 0:
+        return v
+    bits = v.view(np.uint32)
+    rounded = (bits + np.uint32(1 << (drop - 1))) & np.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
+    return np.where(np.isfinite(v), rounded.view(np.float32), v)
+
+
+def message_figure(message: str) -> go.Figure:
+    """An empty chart that says why it is empty."""
+    fig = go.Figure()
+    fig.update_layout(
+        **_BASE_LAYOUT,
+        height=220,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        annotations=[{"text": text(message), "showarrow": False, "xref": "paper", "yref": "paper"}],
+    )
+    return fig
+
+
+def band_traces(band: Band, *, legend: bool = True) -> list[go.Scatter]:
+    """Min, max (filled between) and median of a band, as scatter traces."""
+    step = band.step
+    hover = "step %{x}<br>%{y:.4g} s<extra>%{fullData.name}</extra>"
+    common = {"x": step, "mode": "lines", "hovertemplate": hover, "legendgroup": "band"}
+    return [
+        go.Scatter(y=f32(band.min), name="min", line={"width": 0}, showlegend=False, **common),
+        go.Scatter(
+            y=f32(band.max),
+            name="min–max across ranks",
+            fill="tonexty",
+            fillcolor="rgba(21,101,192,0.18)",
+            line={"width": 0},
+            showlegend=legend,
+            **common,
+        ),
+        go.Scatter(
+            y=f32(band.p50),
+            name="median rank",
+            line={"color": BAND_COLOR, "width": 1.5},
+            showlegend=legend,
+            **common,
+        ),
+    ]
+
+
+def band_figure(
+    band: Band, findings: Sequence[Finding] = (), events: Sequence[Event] = ()
+) -> go.Figure:
+    """Step time over steps (min / median / max across ranks), findings and events marked."""
+    if band.step.size == 0:
+        return message_figure("No step has been rolled up yet")
+    fig = go.Figure(band_traces(band))
+    top = float(np.nanmax(band.max)) * 1.04
+    marked = [f for f in findings if f.first_step is not None]
+    if marked:
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([f.first_step for f in marked], dtype=np.int64),
+                y=np.full(len(marked), top, dtype=np.float32),
+                mode="markers",
+                name="findings",
+                marker={
+                    "symbol": "triangle-down",
+                    "size": 11,
+                    "color": [SEVERITY_COLORS.get(f.severity, "#555") for f in marked],
+                },
+                hovertext=[text(finding_label(f)) for f in marked],
+                hovertemplate="step %{x}<br>%{hovertext}<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            shapes=[
+                vline(f.first_step or 0, SEVERITY_COLORS.get(f.severity, "#555"), "dot")
+                for f in marked
+            ]
+        )
+    if events:
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([e.step for e in events], dtype=np.float64),
+                y=np.zeros(len(events), dtype=np.float32),
+                mode="markers",
+                name="events",
+                marker={"symbol": "x", "size": 10, "color": "#424242"},
+                hovertext=[text(f"{e.kind} on rank {e.rank}: {e.message or ''}") for e in events],
+                hovertemplate="step %{x:.0f}<br>%{hovertext}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        **_BASE_LAYOUT,
+        height=320,
+        xaxis_title="step",
+        yaxis={"title": "step time (s)", "rangemode": "tozero"},
+    )
+    return fig
+
+
+def vline(x: float, color: str, dash: str) -> dict[str, Any]:
+    """A vertical line at step x over the whole plot height (a layout shape)."""
+    return {
+        "type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+        "line": {"color": color, "dash": dash, "width": 1.2},
+    }  # fmt: skip
+
+
+def finding_label(f: Finding) -> str:
+    """A finding in a few words: 'critical: straggler rank 5 on node-0001'."""
+    return f"{f.severity}: {words.KINDS.get(f.kind, f.kind)} – {words.subject(f)}"
+
+
+def rates_traces(tokens: Series, mfu: Series, *, legend: bool = True) -> list[go.Scatter]:
+    """Tokens/s (first row) and MFU (second row) over steps."""
+    return [
+        go.Scatter(
+            x=tokens.step,
+            y=f32(tokens.value),
+            name="tokens/s",
+            mode="lines",
+            line={"color": "#00897b", "width": 1.5},
+            showlegend=legend,
+            legendgroup="tokens",
+            hovertemplate="step %{x}<br>%{y:.4s} tokens/s<extra></extra>",
+            xaxis="x",
+            yaxis="y",
+        ),
+        go.Scatter(
+            x=mfu.step,
+            y=f32(mfu.value),
+            name="MFU",
+            mode="lines",
+            line={"color": "#6d4c41", "width": 1.5},
+            showlegend=legend,
+            legendgroup="mfu",
+            hovertemplate="step %{x}<br>MFU %{y:.1%}<extra></extra>",
+            xaxis="x2",
+            yaxis="y2",
+        ),
+    ]
+
+
+def rates_figure(tokens: Series, mfu: Series, findings: Sequence[Finding] = ()) -> go.Figure:
+    """Throughput and MFU over steps, change points (throughput findings) marked."""
+    if tokens.step.size == 0 and mfu.step.size == 0:
+        return message_figure("No throughput yet: the job reports no tokens or no steps")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for trace in rates_traces(tokens, mfu):
+        fig.add_trace(trace)
+    shapes, notes = [], []
+    for f in findings:
+        if f.kind not in _CHANGE_KINDS or f.first_step is None:
+            continue
+        color = SEVERITY_COLORS.get(f.severity, "#555")
+        label = f"{words.KINDS.get(f.kind, f.kind)} {fmt.signed_share(f.effect)}"
+        shapes.append(vline(f.first_step, color, "dash"))
+        notes.append(
+            {"x": f.first_step, "y": 1, "xref": "x", "yref": "paper", "text": text(label),
+             "showarrow": False, "xanchor": "left", "yanchor": "bottom", "font": {"color": color}}
+        )  # fmt: skip
+    if mfu.step.size == 0:
+        notes.append(
+            {"text": "MFU unknown: no peak FLOP/s or no FLOPs reported", "x": 0.5, "y": 0.2,
+             "xref": "paper", "yref": "paper", "showarrow": False}
+        )  # fmt: skip
+    fig.update_layout(**_BASE_LAYOUT, height=380, shapes=shapes, annotations=notes)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="MFU", tickformat=".0%", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    return fig
+
+
+def heatmap_labels(hm: Heatmap) -> list[str]:
+    """Row labels: 'rank · node', or 'first–last · node' for a row of several ranks."""
+    labels = []
+    for i, first in enumerate(hm.ranks.tolist()):
+        last = int(hm.rank_order[hm.row_starts[i + 1] - 1])
+        who = str(first) if last == first else f"{first}–{last}"
+        node = hm.nodes[i]
+        labels.append(text(f"{who} · {node}" if node else who))
+    return labels
+
+
+def heatmap_trace(hm: Heatmap, labels: Sequence[str] | None = None) -> go.Heatmap:
+    """One heatmap trace of a Heatmap (step edges on x, rows on y) on the shared colour axis."""
+    unit = "s" if hm.metric.endswith("_s") else ""
+    return go.Heatmap(
+        x=hm.step_edges,
+        y=list(labels) if labels is not None else heatmap_labels(hm),
+        z=round_mantissa(hm.values),
+        coloraxis="coloraxis",
+        hovertemplate=f"rank %{{y}}<br>step %{{x:.0f}}<br>{hm.stat} %{{z:.4g}} {unit}"
+        "<extra></extra>",
+    )
+
+
+def heatmap_figure(hm: Heatmap | None) -> go.Figure:
+    """Rank × step heatmap, ranks grouped by node (a line between nodes), slowest brightest."""
+    if hm is None or hm.values.size == 0:
+        return message_figure("No rank buckets yet: the heatmap appears after the first analysis")
+    labels = heatmap_labels(hm)
+    fig = go.Figure(heatmap_trace(hm, labels))
+    node_of_row = [n.split("–")[0] if n else None for n in hm.nodes]
+    bounds = [i for i in range(1, len(node_of_row)) if node_of_row[i] != node_of_row[i - 1]]
+    if 0 < len(bounds) <= MAX_NODE_LINES:
+        fig.update_layout(
+            shapes=[
+                {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": i - 0.5,
+                 "y1": i - 0.5, "line": {"color": "white", "width": 1}}
+                for i in bounds
+            ]
+        )  # fmt: skip
+    rows = len(labels)
+    lo, hi = color_range(hm.values)
+    fig.update_layout(
+        **_BASE_LAYOUT,
+        height=int(min(max(300, rows * 6 + 120), 900)),
+        coloraxis={
+            "colorscale": HEATMAP_SCALE,
+            "cmin": lo,
+            "cmax": hi,
+            "colorbar": {"title": {"text": _metric_title(hm.metric)}},
+        },
+        xaxis={"title": "step"},
+        yaxis={"title": "rank · node", "autorange": "reversed", "type": "category"},
+    )
+    return fig
+
+
+def color_range(values: NDArray[Any]) -> tuple[float | None, float | None]:
+    """Colour limits that a few extreme cells (warm-up, one-step spikes) do not set: from
+    the lowest row's 10th to the highest row's 90th percentile over steps."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return None, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without a value
+        lo = float(np.nanmin(np.nanpercentile(values, 10, axis=1)))
+        hi = float(np.nanmax(np.nanpercentile(values, 90, axis=1)))
+    if not hi > lo:
+        return float(np.nanmin(values)), float(np.nanmax(values))
+    return lo, hi
+
+
+def _metric_title(metric: str) -> str:
+    return f"{words.COMPONENTS.get(metric, metric)} (s)" if metric.endswith("_s") else metric
+
+
+def breakdown_figure(table: RankTable, *, top: int = 32) -> go.Figure:
+    """Per-rank median time components (data / compute / comm wait), slowest first."""
+    have = np.isfinite(table.median["step_s"])
+    if not have.any():
+        return message_figure("No rank has a rolled-up step yet")
+    n = min(top, int(have.sum()))
+    ranks = table.rank[have][:n]
+    nodes = [nd for nd, ok in zip(table.node, have.tolist(), strict=True) if ok][:n]
+    labels = [
+        text(f"{r} · {nd}" if nd else str(r)) for r, nd in zip(ranks.tolist(), nodes, strict=True)
+    ]
+    fig = go.Figure()
+    for metric in ("data_s", "compute_s", "comm_wait_s"):
+        fig.add_trace(
+            go.Bar(
+                y=labels,
+                x=f32(np.nan_to_num(table.median[metric][have][:n])),
+                customdata=ranks,
+                name=COMPONENT_NAMES[metric],
+                orientation="h",
+                marker={"color": COMPONENT_COLORS[metric]},
+                hovertemplate="rank %{customdata}<br>%{x:.4g} s<extra>%{fullData.name}</extra>",
+            )
+        )
+    median_step = float(np.nanmedian(table.median["step_s"]))
+    fig.update_layout(
+        shapes=[vline(median_step, "#424242", "dot")],
+        **_BASE_LAYOUT,
+        barmode="stack",
+        height=int(min(max(260, n * 18 + 100), 800)),
+        xaxis_title=f"median seconds per step (dotted: job median step {fmt.seconds(median_step)})",
+        yaxis={"autorange": "reversed", "type": "category", "title": "rank · node"},
+    )
+    return fig
+
+
+def collectives_figure(stats: CollectiveStats) -> go.Figure:
+    """Bus bandwidth per op by message size (left) and per op over steps (right)."""
+    if not stats.sizes.op and not stats.series:
+        return message_figure("No collectives reported")
+    fig = make_subplots(
+        rows=1, cols=2, column_widths=[0.4, 0.6], horizontal_spacing=0.08,
+        subplot_titles=("median busbw by message size", "busbw over steps"),
+    )  # fmt: skip
+    s = stats.sizes
+    for op in dict.fromkeys(s.op):
+        at = np.array([o == op for o in s.op])
+        sizes = ["no bytes" if k < 0 else f"≥ {fmt.size(2.0**k)}" for k in s.size_log2[at].tolist()]
+        fig.add_trace(
+            go.Bar(
+                x=sizes,
+                y=f32(s.busbw_p50_bps[at]),
+                name=text(op),
+                legendgroup=op,
+                customdata=s.num_steps[at],
+                hovertemplate="%{x}<br>%{y:.3s}B/s<br>%{customdata} steps<extra>"
+                + text(op)
+                + "</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    for series in stats.series:
+        for values, dash, label in (
+            (series.busbw_p50_bps, "solid", "median rank"),
+            (series.busbw_min_bps, "dot", "slowest rank"),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=series.step,
+                    y=f32(values),
+                    name=text(f"{series.op} ({label})"),
+                    legendgroup=series.op,
+                    mode="lines",
+                    line={"dash": dash, "width": 1.2},
+                    hovertemplate="step %{x}<br>%{y:.3s}B/s<extra>%{fullData.name}</extra>",
+                ),
+                row=1,
+                col=2,
+            )
+    fig.update_layout(**{**_BASE_LAYOUT, "legend": {**_BASE_LAYOUT["legend"], "y": 1.12}})
+    fig.update_layout(height=380, barmode="group", margin={"t": 90})
+    fig.update_yaxes(title_text="bus bandwidth", exponentformat="SI", ticksuffix="B/s")
+    fig.update_xaxes(title_text="step", row=1, col=2)
+    return fig
+
+
+GPU_PANELS = (
+    ("util", "util (%)"),
+    ("power_w", "power (W)"),
+    ("sm_clock_mhz", "SM clock (MHz)"),
+    ("temp_c", "temperature (°C)"),
+)
+
+
+def gpu_figure(gpu: GpuSeries | None) -> go.Figure:
+    """GPU telemetry over time: util, power, SM clock, temperature; throttling marked.
+
+    Across the job's devices: median with a min–max band; for one rank: a line per device.
+    """
+    if gpu is None or gpu.ts.size == 0:
+        return message_figure("No GPU telemetry: the job sent no GPU samples")
+    fig = make_subplots(rows=len(GPU_PANELS), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    when = (gpu.ts * 1e3).astype("datetime64[ms]")
+    for row, (metric, _title) in enumerate(GPU_PANELS, start=1):
+        if gpu.rank is None:
+            _spread_traces(fig, row, when, gpu, metric)
+        else:
+            _device_traces(fig, row, when, gpu, metric)
+    throttled = gpu.throttle_reasons != 0
+    if throttled.any():
+        clock = gpu.values["sm_clock_mhz_p50"] if gpu.rank is None else gpu.values["sm_clock_mhz"]
+        reasons = [
+            ", ".join(words.throttle_reasons(int(m))) or f"reasons {int(m):#x}"
+            for m in gpu.throttle_reasons[throttled].tolist()
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=when[throttled],
+                y=f32(clock[throttled]),
+                mode="markers",
+                name="throttled",
+                marker={"symbol": "x", "color": SEVERITY_COLORS["critical"], "size": 7},
+                hovertext=reasons,
+                hovertemplate="%{x}<br>%{hovertext}<extra>throttled</extra>",
+            ),
+            row=3,
+            col=1,
+        )
+    for row, (_metric, title) in enumerate(GPU_PANELS, start=1):
+        fig.update_yaxes(title_text=title, row=row, col=1)
+    fig.update_layout(**_BASE_LAYOUT, height=560, showlegend=True)
+    return fig
+
+
+def _spread_traces(
+    fig: go.Figure, row: int, when: NDArray[Any], gpu: GpuSeries, metric: str
+) -> None:
+    lo, mid, hi = (gpu.values.get(f"{metric}_{q}") for q in ("min", "p50", "max"))
+    if mid is None or lo is None or hi is None:
+        return
+    legend = row == 1
+    for values, name, extra in (
+        (lo, "min", {"line": {"width": 0}, "showlegend": False}),
+        (hi, "min–max across devices", {"line": {"width": 0}, "fill": "tonexty",
+                                        "fillcolor": "rgba(0,0,0,0.12)", "showlegend": legend}),
+        (mid, "median device", {"line": {"color": "#37474f", "width": 1.3},
+                                "showlegend": legend}),
+    ):  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=when, y=f32(values), name=name, mode="lines", legendgroup=name,
+                hovertemplate="%{x}<br>%{y:.4g}<extra>%{fullData.name}</extra>", **extra,
+            ),
+            row=row,
+            col=1,
+        )  # fmt: skip
+
+
+def _device_traces(
+    fig: go.Figure, row: int, when: NDArray[Any], gpu: GpuSeries, metric: str
+) -> None:
+    values = gpu.values.get(metric)
+    if values is None or gpu.gpu_index is None:
+        return
+    for device in np.unique(gpu.gpu_index).tolist():
+        at = gpu.gpu_index == device
+        fig.add_trace(
+            go.Scatter(
+                x=when[at], y=f32(values[at]), name=f"GPU {device}", mode="lines",
+                legendgroup=f"gpu{device}", showlegend=row == 1,
+                hovertemplate="%{x}<br>%{y:.4g}<extra>%{fullData.name}</extra>",
+            ),
+            row=row,
+            col=1,
+        )  # fmt: skip
+
+
+RANK_PANELS = ("step_s", "compute_s", "data_s", "comm_wait_s")
+
+
+def rank_figure(rank: int, mine: dict[str, Series], job: dict[str, Series]) -> go.Figure:
+    """A rank's time components over steps against the job's median rank."""
+    if all(mine[m].step.size == 0 for m in RANK_PANELS if m in mine):
+        return message_figure(f"Rank {rank} has no steps yet")
+    fig = make_subplots(rows=len(RANK_PANELS), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    for row, metric in enumerate(RANK_PANELS, start=1):
+        for series, name, color in ((job.get(metric), "job median rank", "#9e9e9e"),
+                                    (mine.get(metric), f"rank {rank}", "#c62828")):  # fmt: skip
+            if series is None:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=series.step, y=f32(series.value), name=name, mode="lines",
+                    line={"color": color, "width": 1.3}, legendgroup=name, showlegend=row == 1,
+                    hovertemplate="step %{x}<br>%{y:.4g} s<extra>%{fullData.name}</extra>",
+                ),
+                row=row,
+                col=1,
+            )  # fmt: skip
+        fig.update_yaxes(title_text=f"{COMPONENT_NAMES.get(metric, 'step')} (s)", row=row, col=1)
+    fig.update_xaxes(title_text="step", row=len(RANK_PANELS), col=1)
+    fig.update_layout(**_BASE_LAYOUT, height=620)
+    return fig
+
+
+def overlay_figure(
+    baseline: Series, candidate: Series, *, names: tuple[str, str], title: str, unit: str
+) -> go.Figure:
+    """Two jobs' series of one metric over steps, overlaid."""
+    if baseline.step.size == 0 and candidate.step.size == 0:
+        return message_figure(f"Neither job has {title} yet")
+    fig = go.Figure()
+    for series, name, color in ((baseline, names[0], "#757575"), (candidate, names[1], "#1565c0")):
+        fig.add_trace(
+            go.Scatter(
+                x=series.step, y=f32(series.value), name=text(name), mode="lines",
+                line={"color": color, "width": 1.4},
+                hovertemplate="step %{x}<br>%{y:.4g} " + unit + "<extra>%{fullData.name}</extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        **_BASE_LAYOUT, height=300, title={"text": text(title), "x": 0},
+        xaxis_title="step", yaxis={"title": unit, "rangemode": "tozero"},
+    )  # fmt: skip
+    return fig
+
+
+def components_figure(
+    components: Sequence[tuple[str, float | None, float | None]], *, names: tuple[str, str]
+) -> go.Figure:
+    """Seconds per step of each time component, baseline beside candidate."""
+    labels = [COMPONENT_NAMES.get(f"{c}_s", c) for c, _, _ in components]
+    fig = go.Figure()
+    for i, (name, color) in enumerate(((names[0], "#757575"), (names[1], "#1565c0"))):
+        values = np.array(
+            [np.nan if v[i + 1] is None else v[i + 1] for v in components], dtype=np.float32
+        )
+        fig.add_trace(
+            go.Bar(
+                x=labels, y=values, name=text(name), marker={"color": color},
+                hovertemplate="%{x}<br>%{y:.4g} s<extra>%{fullData.name}</extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        **_BASE_LAYOUT, barmode="group", height=300, yaxis_title="median seconds per step",
+        title={"text": "time components of the step", "x": 0},
+    )  # fmt: skip
+    return fig
+
+
+def traces_json(traces: Sequence[go.BaseTraceType]) -> list[dict[str, Any]]:
+    """Traces as plotly JSON dicts with typed arrays, for a Patch that appends them."""
+    return list(go.Figure(list(traces)).to_plotly_json()["data"])

@@ -1,0 +1,169 @@
+"""`/jobs/<job_id>`: one job: cards, band, rates, heatmap, ranks, findings, collectives, GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from stepscope import query
+from stepscope.dashboard import components as ui
+from stepscope.dashboard import context, data, figures, ids, live
+from stepscope.dashboard.gestures import clicked_rank, step_range
+
+HEATMAP_METRICS = {
+    "compute_s": "compute",
+    "step_s": "step time",
+    "data_s": "data wait",
+    "comm_wait_s": "comm wait",
+}
+
+
+def layout(job_id: str = "", **_query: str) -> html.Div:
+    """The job page, every figure drawn from one round of reads."""
+    try:
+        page = data.job_page(context.engine(), job_id)
+    except query.JobNotFound:
+        return ui.message(
+            f"No job {job_id!r} is stored",
+            "Check the job id, or pick the job from the jobs list. A job appears once one "
+            "of its ranks has sent a batch.",
+            kind="error",
+        )
+    s = page.summary
+    return html.Div(
+        [
+            dcc.Store(id=ids.JOB_ID, data=job_id),
+            dcc.Store(id=ids.JOB_LIVE_STATE, data=live.initial_state(page)),
+            dcc.Interval(
+                id=ids.JOB_LIVE, interval=live.INTERVAL_MS, disabled=s.status != "running"
+            ),
+            html.Div(
+                [dcc.Link("Jobs", href="/"), " › ", html.Span(s.name or s.job_id)],
+                className="crumbs",
+            ),
+            html.H1(s.name or s.job_id),
+            html.Div(
+                [
+                    html.Span(f"job id {s.job_id}", className="job-id"),
+                    html.Span(live.last_update_text(s), id=ids.JOB_LAST_UPDATE),
+                    dcc.Link(
+                        "Compare with another job…",
+                        href=f"/compare?baseline={quote(s.job_id, safe='')}",
+                    ),
+                ],
+                className="subtitle",
+            ),
+            html.Div(live.status_note(s), id=ids.JOB_STATUS_NOTE),
+            html.Div(live.header_cards(s), id=ids.JOB_CARDS),
+            ui.section(
+                "Findings",
+                html.Div(ui.findings_list(job_id, page.findings), id=ids.JOB_FINDINGS),
+            ),
+            ui.section(
+                "Step time across ranks",
+                ui.graph(ids.JOB_BAND, figures.band_figure(page.band, page.findings, page.events)),
+                note="Min, median and max over ranks per step; ▼ findings, × events.",
+            ),
+            ui.section(
+                "Throughput and MFU",
+                ui.graph(
+                    ids.JOB_THROUGHPUT, figures.rates_figure(page.tokens, page.mfu, page.findings)
+                ),
+                note="Dashed lines: change points found by the analysis.",
+            ),
+            ui.section(
+                "Rank × step heatmap",
+                html.Div(
+                    [
+                        dcc.Dropdown(
+                            id=ids.JOB_HEATMAP_METRIC,
+                            options=[{"label": v, "value": k} for k, v in HEATMAP_METRICS.items()],
+                            value="compute_s",
+                            clearable=False,
+                            className="filter",
+                        ),
+                        dcc.Dropdown(
+                            id=ids.JOB_HEATMAP_STAT,
+                            options=[
+                                {"label": "mean per cell", "value": "mean"},
+                                {"label": "max per cell", "value": "max"},
+                            ],
+                            value="mean",
+                            clearable=False,
+                            className="filter",
+                        ),
+                    ],
+                    className="filters",
+                ),
+                ui.graph(ids.JOB_HEATMAP, figures.heatmap_figure(page.heatmap)),
+                note="Ranks grouped by node. Zoom to re-read finer steps; double-click to "
+                "reset; click a row to open its rank.",
+            ),
+            ui.section(
+                "Where each rank's time goes",
+                ui.graph(ids.JOB_BREAKDOWN, figures.breakdown_figure(page.ranks)),
+                note="The slowest ranks first (by their own work: data + compute). "
+                "Click a bar to open the rank.",
+            ),
+            ui.section(
+                "Collectives",
+                ui.graph(ids.JOB_COLLECTIVES, figures.collectives_figure(page.collectives)),
+            ),
+            ui.section(
+                "GPU telemetry across devices",
+                ui.graph(ids.JOB_GPU, figures.gpu_figure(page.gpu)),
+            ),
+        ]
+    )
+
+
+def register_callbacks(app: dash.Dash) -> None:
+    """Heatmap re-reads (metric, statistic, zoom) and clicks that open a rank."""
+
+    @app.callback(
+        Output(ids.JOB_HEATMAP, "figure"),
+        Input(ids.JOB_HEATMAP_METRIC, "value"),
+        Input(ids.JOB_HEATMAP_STAT, "value"),
+        Input(ids.JOB_HEATMAP, "relayoutData"),
+        State(ids.JOB_ID, "data"),
+        prevent_initial_call=True,
+    )
+    def reread_heatmap(metric: str, stat: str, relayout: dict[str, Any] | None, job_id: str) -> Any:
+        zoom = step_range(relayout) if dash.ctx.triggered_id == ids.JOB_HEATMAP else None
+        if dash.ctx.triggered_id == ids.JOB_HEATMAP and zoom is None:
+            return dash.no_update  # a relayout that changed no step range
+        from_step, to_step = zoom if zoom else (None, None)
+        engine = context.engine()
+        try:
+            world_size = query.job_summary(engine, job_id).world_size
+            grid = data.heatmap(
+                engine,
+                job_id,
+                world_size,
+                metric=metric,
+                stat=stat,
+                from_step=from_step,
+                to_step=to_step,
+            )
+        except (query.JobNotFound, ValueError) as exc:
+            return figures.message_figure(str(exc))
+        return figures.heatmap_figure(grid)
+
+    @app.callback(
+        Output(ids.URL, "href", allow_duplicate=True),
+        Input(ids.JOB_BREAKDOWN, "clickData"),
+        Input(ids.JOB_HEATMAP, "clickData"),
+        State(ids.JOB_ID, "data"),
+        prevent_initial_call=True,
+    )
+    def open_rank(bar: Any, cell: Any, job_id: str) -> Any:
+        rank = clicked_rank(bar if dash.ctx.triggered_id == ids.JOB_BREAKDOWN else cell)
+        return dash.no_update if rank is None else ui.rank_href(job_id, rank)
+
+
+dash.register_page(
+    __name__, path_template="/jobs/<job_id>", title="Job · stepscope", order=2, layout=layout
+)
