@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from stepscope import check_cli
+
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="stepscope: training performance observability"
 )
@@ -529,6 +531,9 @@ def export(
     size = _reading(url, token, db, write)
     if str(out) != "-":
         console.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")
+
+
+check_cli.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""The CI regression gate around stepscope.analysis.regression: job sources and outputs."""

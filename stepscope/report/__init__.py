@@ -1,0 +1,1 @@
+"""Self-contained reports of stored jobs: figures and HTML."""

@@ -1,0 +1,271 @@
+"""A job report as one self-contained HTML file: plotly.js inlined once, no network at open.
+
+Every string that comes from a user or a job (names, ids, attributes, findings) is escaped;
+figure data is embedded as JSON with `<`, `>` and `&` escaped, so no value can close a tag.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from html import escape
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from stepscope.analysis.regression import CheckResult
+from stepscope.check import outputs
+from stepscope.report import figures
+from stepscope.report.collect import ReportData
+
+MAX_RANK_ROWS = 32
+"""Ranks listed in the per-rank table (slowest first); the figure shows all."""
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1100px;
+       padding: 1.5em; color: #222; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 2em; }
+.meta { color: #666; } .cards { display: flex; flex-wrap: wrap; gap: 0.8em; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.5em 0.9em; min-width: 9em; }
+.card b { display: block; font-size: 1.25em; }
+table { border-collapse: collapse; margin: 0.6em 0; }
+th, td { border-bottom: 1px solid #e5e5e5; padding: 0.25em 0.7em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pass { color: #2a7d2a; } .regression { color: #c0392b; font-weight: bold; }
+.inconclusive { color: #b7791f; } .critical { color: #c0392b; } .warning { color: #b7791f; }
+"""
+
+
+def render(data: ReportData, *, generated_at: float | None = None) -> str:
+    """The report as a complete HTML document."""
+    s = data.summary
+    title = s.name or s.job_id
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>stepscope report: {escape(title)}</title>",
+        f"<style>{_STYLE}</style>",
+        f"<script>{get_plotlyjs()}</script>",
+        "</head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="meta">{_meta(data, generated_at)}</p>',
+        _summary(data),
+    ]
+    if data.verdict is not None:
+        parts.append(_verdict(data.verdict, s.benchmark_key))
+    parts += _series(data)
+    parts.append(_ranks(data))
+    parts.append(_findings(data))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _figure(fig: go.Figure, element_id: str) -> str:
+    """A div and the script that draws `fig` into it, the data safe inside <script>."""
+    doc = pio.to_json(fig, validate=False, pretty=False)
+    doc = doc.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    config = json.dumps({"responsive": True, "displaylogo": False})
+    return (
+        f'<div id="{element_id}" class="figure"></div>'
+        f"<script>(function(){{var f={doc};"
+        f'Plotly.newPlot("{element_id}",f.data,f.layout,{config});}})();</script>'
+    )
+
+
+def _time(ts: float | None) -> str:
+    if ts is None or not math.isfinite(ts):
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _meta(data: ReportData, generated_at: float | None) -> str:
+    s = data.summary
+    items = [
+        f"job <code>{escape(s.job_id)}</code>",
+        f"status {escape(s.status)}",
+        f"benchmark <code>{escape(s.benchmark_key or '–')}</code>",
+        f"{s.world_size or s.num_ranks_seen or '?'} ranks on {s.num_nodes or '?'} node(s)",
+        escape(s.device_name or "unknown device"),
+        f"started {_time(s.started_at)}",
+        f"ended {_time(s.ended_at)}",
+        f"report generated {_time(generated_at or time.time())}",
+    ]
+    return " · ".join(items)
+
+
+def _card(label: str, value: str) -> str:
+    return f'<div class="card">{escape(label)}<b>{escape(value)}</b></div>'
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.1%}"
+
+
+def _summary(data: ReportData) -> str:
+    s = data.summary
+    cards = [
+        _card("steps rolled up", str(s.num_steps or 0)),
+        _card("step time p50", outputs.format_value("step_s", s.step_p50_s)),
+        _card("step time p90", outputs.format_value("step_s", s.step_p90_s)),
+        _card("tokens/s", outputs.format_value("tokens_per_s", s.tokens_per_s)),
+        _card("MFU", _pct(s.mfu)),
+        _card(
+            "data / compute / comm wait",
+            f"{_pct(s.data_share)} / {_pct(s.compute_share)} / {_pct(s.comm_wait_share)}",
+        ),
+        _card(
+            "findings (critical / warning / info)",
+            f"{s.num_critical or 0} / {s.num_warning or 0} / {s.num_info or 0}",
+        ),
+    ]
+    attributes = "".join(
+        f"<tr><th>{escape(str(k))}</th><td>{escape(v if isinstance(v, str) else json.dumps(v))}"
+        "</td></tr>"
+        for k, v in sorted((s.attributes or {}).items())
+    )
+    extra = f"<table>{attributes}</table>" if attributes else ""
+    return f'<h2>Summary</h2><div class="cards">{"".join(cards)}</div>{extra}'
+
+
+def _verdict(result: CheckResult, benchmark_key: str | None) -> str:
+    context = outputs.Context(
+        benchmark_key=benchmark_key, source="report", fail_on="regression", exit_code=-1
+    )
+    rows = "".join(
+        f"<tr><td><code>{escape(v.metric)}</code></td>"
+        f'<td class="num">{escape(outputs.format_value(v.metric, v.baseline))}</td>'
+        f'<td class="num">{escape(outputs.format_value(v.metric, v.candidate))}</td>'
+        f'<td class="num">{"–" if v.effect is None else f"{v.effect:+.1%}"}</td>'
+        f'<td class="{v.outcome}">{escape(outputs.verdict_label(v))}</td>'
+        f"<td>{escape(v.reason)}</td></tr>"
+        for v in result.metrics
+    )
+    why = "".join(f"<li>{escape(line)}</li>" for line in outputs.explanation(result))
+    html = [
+        "<h2>Check verdict</h2>",
+        f'<p class="{result.outcome}">{escape(outputs.headline(result, context))}</p>',
+        "<table><tr><th>metric</th><th>baseline</th><th>candidate</th><th>change</th>"
+        f"<th>verdict</th><th>why</th></tr>{rows}</table>",
+        f"<ul>{why}</ul>" if why else "",
+    ]
+    step = result.verdict("step_s")
+    if step is not None and result.baselines:
+        html.append(_figure(_levels_figure(result, step.limit), "fig-verdict"))
+    return "\n".join(html)
+
+
+def _levels_figure(result: CheckResult, limit: float | None) -> go.Figure:
+    by_id = {lv.job_id: lv for lv in result.levels}
+
+    def level(job_id: str) -> float:
+        lv = by_id[job_id].levels.get("step_s")
+        return lv.value if lv else math.nan
+
+    return figures.baseline_levels(
+        "step_s",
+        result.baselines,
+        [level(j) for j in result.baselines],
+        candidate_ids=result.candidates,
+        candidate_values=[level(j) for j in result.candidates],
+        limit=limit,
+    )
+
+
+def _series(data: ReportData) -> list[str]:
+    band, tokens, mfu = data.band, data.tokens_per_s, data.mfu
+    if band.step.size == 0:
+        return ["<h2>Step time</h2><p>No steps rolled up yet.</p>"]
+    changes = [
+        (int(f.first_step), f"{f.metric} {f.effect:+.1%}")
+        for f in data.findings
+        if f.kind in ("throughput_drop", "throughput_gain")
+        and f.first_step is not None
+        and f.effect is not None
+    ]
+    html = [
+        "<h2>Step time</h2>",
+        _figure(figures.step_time_band(band.step, band.min, band.p50, band.max), "fig-band"),
+    ]
+    if tokens.step.size:
+        fig = figures.throughput(
+            tokens.step, tokens.value, mfu_steps=mfu.step, mfu=mfu.value, change_points=changes
+        )
+        html += ["<h2>Throughput and MFU</h2>", _figure(fig, "fig-throughput")]
+    return html
+
+
+def _num(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x * 1e3:.2f}"
+
+
+def _ranks(data: ReportData) -> str:
+    r = data.ranks
+    if r.rank.size == 0:
+        return "<h2>Ranks</h2><p>No ranks reported.</p>"
+    order = np.argsort(r.rank)
+    fig = figures.rank_breakdown(
+        [int(x) for x in r.rank[order]],
+        np.nan_to_num(r.median["data_s"][order]),
+        np.nan_to_num(r.median["compute_s"][order]),
+        np.nan_to_num(r.median["comm_wait_s"][order]),
+        nodes=[r.node[i] for i in order],
+    )
+    rows = "".join(
+        f"<tr><td>{int(r.rank[i])}</td><td>{escape(r.node[i] or '–')}</td>"
+        + "".join(
+            f'<td class="num">{_num(float(r.median[m][i]))}</td>'
+            for m in ("step_s", "data_s", "compute_s", "comm_wait_s")
+        )
+        + f'<td class="num">{_pct(float(r.compute_excess[i]))}</td>'
+        f'<td class="num">{_pct(float(r.slowest_share[i]))}</td></tr>'
+        for i in range(min(r.rank.size, MAX_RANK_ROWS))
+    )
+    header = (
+        "<tr><th>rank</th><th>node</th><th>step (ms)</th><th>data (ms)</th>"
+        "<th>compute (ms)</th><th>comm wait (ms)</th><th>compute excess</th>"
+        "<th>slowest in</th></tr>"
+    )
+    more = (
+        f"<p class=meta>{r.rank.size - MAX_RANK_ROWS} more ranks in the figure.</p>"
+        if r.rank.size > MAX_RANK_ROWS
+        else ""
+    )
+    return (
+        "<h2>Ranks</h2>"
+        + _figure(fig, "fig-ranks")
+        + f"<p class=meta>Slowest first (own data + compute).</p><table>{header}{rows}</table>"
+        + more
+    )
+
+
+def _findings(data: ReportData) -> str:
+    if not data.findings:
+        return "<h2>Findings</h2><p>No findings.</p>"
+    rows = []
+    for f in data.findings:
+        steps = (
+            ""
+            if f.first_step is None
+            else f"{f.first_step}–{f.last_step if f.last_step is not None else ''}"
+        )
+        cells: list[Any] = [
+            f.kind,
+            f.severity,
+            ",".join(map(str, f.ranks)),
+            f.node or "",
+            steps,
+            f.cause or "",
+            f.metric or "",
+            "" if f.effect is None else f"{f.effect:+.1%}",
+        ]
+        row = "".join(f"<td>{escape(str(c))}</td>" for c in cells)
+        rows.append(f'<tr class="{escape(f.severity)}">{row}</tr>')
+    header = "".join(
+        f"<th>{h}</th>"
+        for h in ("kind", "severity", "ranks", "node", "steps", "cause", "metric", "effect")
+    )
+    return f"<h2>Findings</h2><table><tr>{header}</tr>{''.join(rows)}</table>"
