@@ -18,7 +18,6 @@ does both); then a real `stepscope serve` subprocess answers, per engine:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from query_scale import JOB_ID, make_job, store_batches  # noqa: E402
+from query_scale import JOB_ID, run, store_batches  # noqa: E402
 
 from stepscope import query  # noqa: E402
 from stepscope.api.analyzer import JobAnalyzer  # noqa: E402
@@ -45,7 +44,6 @@ from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
 from stepscope.synth import SynthJob  # noqa: E402
 from tests.server import free_port, wait_healthy  # noqa: E402
-from tests.support import fresh_postgres_database  # noqa: E402
 
 LATENCY_GOAL_MS = 200.0
 PAYLOAD_GOAL_BYTES = 1_000_000
@@ -204,32 +202,5 @@ def bench(name: str, db_url: str, job: SynthJob, args: argparse.Namespace) -> No
     engine.dispose()
 
 
-@contextmanager
-def sqlite_url() -> Iterator[str]:
-    with tempfile.TemporaryDirectory() as directory:
-        yield f"sqlite:///{directory}/api.db"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--engines", default="sqlite,postgresql")
-    parser.add_argument("--repeat", type=int, default=50)
-    args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    t0 = time.perf_counter()
-    job = make_job(args.ranks, args.steps)
-    print(
-        f"generated {args.ranks} ranks x {args.steps} steps in {time.perf_counter() - t0:.1f} s: "
-        f"steps {len(job.steps['step']):,}, collectives {len(job.collectives['step']):,}, "
-        f"gpu {len(job.gpu['ts']):,} rows"
-    )
-    for name in args.engines.split(","):
-        context = sqlite_url() if name == "sqlite" else fresh_postgres_database()
-        with context as url:
-            bench(name, url, job, args)
-
-
 if __name__ == "__main__":
-    main()
+    run(bench, __doc__.splitlines()[0], repeat=50)

@@ -318,15 +318,19 @@ def bench(name: str, db_url: str, job: SynthJob, args: argparse.Namespace) -> No
 @contextmanager
 def sqlite_url() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as directory:
-        yield f"sqlite:///{directory}/scale.db"
+        yield f"sqlite:///{directory}/bench.db"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+Bench = Callable[[str, str, SynthJob, argparse.Namespace], None]
+
+
+def run(bench_engine: Bench, description: str, *, repeat: int) -> None:
+    """Parse the common options, generate the job once, bench it on each engine asked for."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--engines", default="sqlite,postgresql")
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=repeat)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     t0 = time.perf_counter()
@@ -339,8 +343,8 @@ def main() -> None:
     for name in args.engines.split(","):
         context = sqlite_url() if name == "sqlite" else fresh_postgres_database()
         with context as url:
-            bench(name, url, job, args)
+            bench_engine(name, url, job, args)
 
 
 if __name__ == "__main__":
-    main()
+    run(bench, __doc__.splitlines()[0], repeat=30)
