@@ -271,14 +271,15 @@ def main() -> None:
             candidate = job_from_steps(make(5_000_000 + i, None, 0.0, None))
             run_trial(candidate, pool.draw(NUM_BASELINES), None, aa)
         rows.append(("A/A false fails", aa, "<= 1%"))
-        # A drift so large that the 2% floor does not help: the alpha alone must hold.
+        # A drift so large that the 2% floor does not help: only the alpha (1%, in
+        # expectation) holds the rate, so this row is a check of the alpha, not a goal.
         wide_make = functools.partial(make, drift=WIDE_DRIFT)
         wide = Pool(wide_make, args.pool)
         aa_wide = Tally()
         for i in range(args.trials):
             candidate = job_from_steps(wide_make(6_000_000 + i, None, 0.0, None))
             run_trial(candidate, wide.draw(NUM_BASELINES), None, aa_wide)
-        rows.append((f"  same, drift {WIDE_DRIFT:.0%}", aa_wide, "<= 1%"))
+        rows.append((f"  same, drift {WIDE_DRIFT:.0%}", aa_wide, "~alpha"))
         for k, effect in enumerate(EFFECTS):
             tally = Tally()
             for i in range(args.regression_trials):
