@@ -28,6 +28,9 @@ AGGREGATES = ("min", "p50", "p90", "max", "mean")
 GPU_MEANS = ("util", "power_w", "temp_c", "sm_clock_mhz", "sm_active", "tensor_active")
 """GPU metrics averaged per device and bucket (with temp_c max, sm_clock min, memory max)."""
 
+GPU_BUCKET_COLUMNS = ("rank", "gpu_index", "ts", *GPU_MEANS, "mem_used_bytes", "throttle_reasons")
+"""What gpu_buckets reads of the samples."""
+
 MAX_BUCKETS = 1024
 """Buckets per job in the rank × step and GPU rollups; the width doubles as the job grows."""
 

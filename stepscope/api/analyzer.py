@@ -15,7 +15,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -31,6 +32,7 @@ from stepscope.analysis import (
 from stepscope.analysis import rollups as compute
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.telemetry import GPU_COLUMNS
+from stepscope.api.recent_rows import RecentRows, RecentRowsCache
 from stepscope.store import frames, queries, reads, tables
 from stepscope.store import rollups as store
 
@@ -46,6 +48,10 @@ _OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
 """What the job-level detectors read of the rollups."""
 _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
+_READS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepscope-read")
+"""Reads of a pass's step and collective rows, side by side."""
+_RECENT = RecentRowsCache()
+"""The rows of each live job's last segment, from its previous pass in this process."""
 
 
 FindingsHook = Callable[[str, list[schema.Finding]], None]
@@ -153,6 +159,8 @@ class JobAnalyzer:
             loaded = None
         state = _State() if loaded is None else _State.of(loaded[1])
         watermark = -math.inf if loaded is None else loaded[0]
+        database = self.engine.url.render_as_string()
+        recent = _RECENT.take(database, self.job_id, watermark) if loaded is not None else None
         arrivals = store.arrivals_since(self.engine, self.job_id, watermark)
         late = store.count_batches(self.engine, self.job_id, watermark - OVERLAP_S, watermark)
         if late > state.overlap_batches:  # committed after the last pass read past them
@@ -162,6 +170,7 @@ class JobAnalyzer:
             return result
         job = queries.load_job(self.engine, self.job_id) or {"job_id": self.job_id}
         now = time.time()
+        tail: RecentRows | None = None
 
         lo, hi = state.pending_from, None
         if arrivals is not None:
@@ -172,8 +181,8 @@ class JobAnalyzer:
                 num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
                 state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
             self._rebucket_steps(state)
-            result.rolled_up_steps, state.pending_from = self._steps(
-                state, job, lo, hi if hi is not None else state.last_step, now, result
+            result.rolled_up_steps, state.pending_from, tail = self._steps(
+                state, job, lo, hi if hi is not None else state.last_step, now, result, recent
             )
         if arrivals is not None and arrivals.first_gpu_ts is not None:
             self._gpu(state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
@@ -196,6 +205,8 @@ class JobAnalyzer:
         )
         with self.engine.begin() as conn:
             store.save_state(conn, self.job_id, watermark, state.doc(), now)
+        if tail is not None:
+            _RECENT.put(database, self.job_id, replace(tail, watermark=watermark))
         queries.replace_findings(self.engine, self.job_id, findings)
         result.findings = queries.load_findings(self.engine, self.job_id)
         self._notify(result.findings)
@@ -217,9 +228,17 @@ class JobAnalyzer:
     # --- steps and collectives: rollups and segments -------------------------------------
 
     def _steps(
-        self, state: _State, job: dict[str, Any], lo: int, hi: int, now: float, result: PassResult
-    ) -> tuple[int, int | None]:
-        """Roll up steps lo..hi and re-analyse the segments reading them; (rolled up, pending)."""
+        self,
+        state: _State,
+        job: dict[str, Any],
+        lo: int,
+        hi: int,
+        now: float,
+        result: PassResult,
+        recent: RecentRows | None,
+    ) -> tuple[int, int | None, RecentRows | None]:
+        """Roll up steps lo..hi and re-analyse the segments reading them; (rolled up, first
+        step held back, the rows the next pass will read again)."""
         plan = state.plan
         assert plan is not None
         assert state.last_step is not None
@@ -229,7 +248,7 @@ class JobAnalyzer:
         ] or [[]]
         b = state.bucket_steps
         rolled_up, pending = 0, None
-        ranks = sorted(self._nodes_and_ranks()[1])
+        nodes, ranks = self._nodes_and_ranks()
         for i, group in enumerate(groups):
             # This read's share of the dirty steps (the first also takes the warm-up's), and
             # what it must read: those steps' whole rank buckets and its segments' spans.
@@ -240,28 +259,12 @@ class JobAnalyzer:
                 read_lo, read_hi = _widen(
                     read_lo, read_hi, plan.span(group[0])[0], plan.span(group[-1])[1]
                 )
-            # With the ranks listed, the (job_id, rank, step) key serves the step range.
-            steps, collectives = (
-                frames.read_frame(
-                    self.engine,
-                    table,
-                    self.job_id,
-                    columns=columns,
-                    from_step=read_lo,
-                    to_step=read_hi,
-                    ranks=ranks,
-                )
-                for table, columns in (
-                    ("steps", NUMERIC_STEP_COLUMNS),
-                    ("collectives", _COLLECTIVE_COLUMNS),
-                )
-            )
+            steps, collectives = self._read_rows(read_lo, read_hi, lo, sorted(ranks), recent)
             if own_lo <= own_hi:
                 n, held = self._roll_up(state, job, steps, collectives, own_lo, own_hi, now)
                 rolled_up += n
                 if held is not None:
                     pending = held if pending is None else min(pending, held)
-            nodes = self._nodes_and_ranks()[0]
             for k in group:
                 in_span = pl.col("step").is_between(*plan.span(k))
                 span_steps = steps.filter(in_span)
@@ -275,7 +278,51 @@ class JobAnalyzer:
                 )
                 state.segments[k] = [f.to_dict() for f in plan.owned(k, found)]
                 result.analysed_segments.append(k)
-        return rolled_up, pending
+        # The next pass re-reads the last segment's span and the last step's rank bucket.
+        last = state.last_step
+        keep_from = max(read_lo, min(plan.span(plan.index(last))[0], last - last % b))
+        if read_hi < last or keep_from > read_hi:
+            return rolled_up, pending, None
+        kept = pl.col("step") >= keep_from
+        tail = RecentRows(
+            watermark=math.nan,
+            first_step=keep_from,
+            last_step=read_hi,
+            steps=steps.filter(kept),
+            collectives=collectives.filter(kept),
+        )
+        return rolled_up, pending, tail
+
+    def _read_rows(
+        self, lo: int, hi: int, dirty_from: int, ranks: list[int], recent: RecentRows | None
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Step and collective rows of steps lo..hi: those before `dirty_from` (which no new
+        batch touched) from `recent` where it holds them, the others from the database."""
+        cached_to = lo - 1
+        if recent is not None and recent.first_step <= lo:
+            cached_to = min(dirty_from - 1, recent.last_step, hi)
+        # With the ranks listed, the (job_id, rank, step) key serves the step range. The two
+        # reads run at once: each waits mostly on the database (or the SQLite reader process).
+        read = list(
+            _READS.map(
+                lambda table_columns: frames.read_frame(
+                    self.engine,
+                    table_columns[0],
+                    self.job_id,
+                    columns=table_columns[1],
+                    from_step=max(lo, cached_to + 1),
+                    to_step=hi,
+                    ranks=ranks,
+                ),
+                (("steps", NUMERIC_STEP_COLUMNS), ("collectives", _COLLECTIVE_COLUMNS)),
+            )
+        )
+        if recent is None or cached_to < lo:
+            return read[0], read[1]
+        cached = pl.col("step").is_between(lo, cached_to)
+        steps = pl.concat([recent.steps.filter(cached), read[0]]).sort("rank", "step")
+        collectives = pl.concat([recent.collectives.filter(cached), read[1]])
+        return steps, collectives.sort("rank", "step", "op")
 
     def _roll_up(
         self,
@@ -384,7 +431,14 @@ class JobAnalyzer:
         w = state.gpu_bucket_s
         lo = math.floor(first_ts / w) * w
         hi = (math.floor((last_ts or first_ts) / w) + 1) * w
-        samples = frames.read_frame(self.engine, "gpu", self.job_id, from_ts=lo, to_ts=hi)
+        samples = frames.read_frame(
+            self.engine,
+            "gpu",
+            self.job_id,
+            columns=compute.GPU_BUCKET_COLUMNS,
+            from_ts=lo,
+            to_ts=hi,
+        )
         buckets = compute.gpu_buckets(samples, w)
         with self.engine.begin() as conn:
             store.write_gpu_buckets(conn, self.job_id, w, buckets, compute.gpu_spread(buckets))

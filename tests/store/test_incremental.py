@@ -11,10 +11,12 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig, analyze, rollups
+from stepscope.api import analyzer
 from stepscope.api.analyzer import JobAnalyzer
+from stepscope.api.recent_rows import RecentRowsCache
 from stepscope.schema import Finding
+from stepscope.store import frames, tables
 from stepscope.store import rollups as store
-from stepscope.store import tables
 from stepscope.store.engine import make_engine
 from stepscope.store.writer import BatchWriter
 from stepscope.synth import JobSpec, Straggler, generate, to_frames
@@ -237,3 +239,39 @@ def test_rank_buckets_widen_as_the_job_grows(engine: Any) -> None:
     with engine.connect() as conn:
         widths = conn.execute(sa.select(tables.rank_buckets.c.bucket_steps).distinct()).all()
     assert widths == [(2,)]
+
+
+def test_a_live_pass_reads_from_the_store_only_the_steps_its_new_batches_touched(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = JobSpec(job_id="live", num_ranks=8, num_steps=400, seed=5)
+    job = generate(spec)
+    config = AnalysisConfig(segment_cells=8 * 200)  # segment 1: steps 220..419, read from 170
+    read_from: list[int] = []
+    original = frames.read_frame
+
+    def recording(engine_: Any, table: str, job_id: str, **filters: Any) -> pl.DataFrame:
+        if table == "steps":
+            read_from.append(filters["from_step"])
+        return original(engine_, table, job_id, **filters)
+
+    monkeypatch.setattr(frames, "read_frame", recording)
+    rounds = write_job_in_rounds(engine, job, steps_per_batch=50)
+    for i in rounds:
+        read_from.clear()
+        JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run()
+        if i == 5:
+            break
+    # Round 5 wrote steps 250..299: of its segment's steps 170..299, those before 250 are
+    # the previous pass's rows, kept in memory.
+    assert read_from == [250]
+
+    # A new server process: the segment's rows come from the store.
+    monkeypatch.setattr(analyzer, "_RECENT", RecentRowsCache())
+    next(rounds)
+    JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run()
+    assert read_from[-1] == 170
+    list(rounds)
+    incremental = JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run().findings
+    full = JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run(full=True).findings
+    assert _comparable(incremental) == _comparable(full)
