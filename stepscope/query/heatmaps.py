@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from stepscope.query.common import check_at_least, check_choice, require_job
+from stepscope.query.memo import per_pass
 from stepscope.store import reads, tables
 from stepscope.store.rollups import RankBuckets
 
@@ -82,6 +83,7 @@ def decode_values(doc: dict[str, Any]) -> NDArray[np.float32]:
     return values
 
 
+@per_pass
 def heatmap(
     engine: sa.Engine,
     job_id: str,

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from stepscope.query.common import require_job
+from stepscope.query.memo import per_pass
 from stepscope.store import reads, tables
 
 METRICS = tables.ROLLUP_METRICS
@@ -41,6 +42,7 @@ class RankTable:
     """Steps per bucket behind `median`."""
 
 
+@per_pass
 def rank_table(engine: sa.Engine, job_id: str) -> RankTable:
     """Every rank of the job with its time components, excess, slowest share and findings."""
     require_job(engine, job_id)

@@ -346,3 +346,12 @@ def read_jobs(engine: sa.Engine, q: JobQuery) -> list[dict[str, Any]]:
         query = query.limit(q.limit)
     with engine.connect() as conn:
         return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def analysis_version(engine: sa.Engine, job_id: str) -> float | None:
+    """When the job's rollups and findings last changed (its last analyzer pass); None if
+    it has no analysis state."""
+    t = tables.analysis_state
+    with engine.connect() as conn:
+        value = conn.execute(sa.select(t.c.updated_at).where(t.c.job_id == job_id)).scalar()
+    return None if value is None else float(value)

@@ -1,0 +1,55 @@
+"""Rollup-derived answers are reused until the job's next analyzer pass, then recomputed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stepscope import query
+from stepscope.api.analyzer import JobAnalyzer
+from stepscope.store.engine import make_engine
+from stepscope.synth import JobSpec, Straggler, generate
+from tests.support import write_job_in_rounds
+
+
+@pytest.fixture
+def engine(db_url: str) -> Any:
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+def test_rank_table_and_heatmap_are_reused_within_a_pass_and_recomputed_after_one(
+    engine: Any,
+) -> None:
+    spec = JobSpec(
+        job_id="memo",
+        num_ranks=4,
+        num_steps=200,
+        stragglers=(Straggler(ranks=(2,), factor=1.5, cause="compute", from_step=100),),
+        seed=3,
+    )
+    rounds = write_job_in_rounds(engine, generate(spec), steps_per_batch=100)
+    next(rounds)
+    JobAnalyzer(engine, spec.job_id, grace_s=0.0).run()
+    before = query.rank_table(engine, spec.job_id)
+    assert query.rank_table(engine, spec.job_id) is before
+    heat = query.heatmap(engine, spec.job_id, "compute_s", max_ranks=4, max_steps=50)
+    assert heat is not None
+    assert query.heatmap(engine, spec.job_id, "compute_s", max_ranks=4, max_steps=50) is heat
+    assert query.heatmap(engine, spec.job_id, "compute_s", max_ranks=4, max_steps=20) is not heat
+
+    list(rounds)  # rank 2 slows down in the second half: stored, but not yet analysed
+    assert query.rank_table(engine, spec.job_id) is before
+    JobAnalyzer(engine, spec.job_id, grace_s=0.0).run()
+    after = query.rank_table(engine, spec.job_id)
+    assert after is not before
+    assert after.rank[0] == 2  # the slowest first
+    slow = after.mean["compute_s"][after.rank == 2][0]
+    assert slow > 1.15 * before.mean["compute_s"][before.rank == 2][0]
+    heat_after = query.heatmap(engine, spec.job_id, "compute_s", max_ranks=4, max_steps=50)
+    assert heat_after is not None
+    assert (heat.step_edges[-1], heat_after.step_edges[-1]) == (100, 200)
+    assert np.isfinite(heat_after.values).all()
