@@ -50,6 +50,6 @@ class RecentRowsCache:
             while len(self._entries) > self._max_jobs:
                 self._entries.popitem(last=False)
 
-    def drop(self, database: str, job_id: str) -> None:
+    def clear(self) -> None:
         with self._lock:
-            self._entries.pop((database, job_id), None)
+            self._entries.clear()
