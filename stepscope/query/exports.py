@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,8 @@ MEDIA_TYPES = {
 }
 BATCH_ROWS = 65536
 """Rows read, converted and sent at a time: the export's memory does not grow with the job."""
+READ_AHEAD = 2
+"""Batches read while the previous ones are encoded (the read waits mostly on the database)."""
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "json": pa.string()}
 
 
@@ -39,7 +43,7 @@ def export(engine: sa.Engine, job_id: str, table: str, format: str) -> Iterator[
     check_choice("table", table, TABLES)
     check_choice("format", format, FORMATS)
     require_job(engine, job_id)
-    return _encoded(_batches(engine, job_id, table), format, table)
+    return _encoded(_read_ahead(_batches(engine, job_id, table)), format, table)
 
 
 def _spec(table: str) -> schema.Table:
@@ -73,6 +77,45 @@ def _batches(engine: sa.Engine, job_id: str, table: str) -> Iterator[pa.RecordBa
         yield batch
 
 
+_DONE = object()
+
+
+def _read_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`batches`, read by a thread up to READ_AHEAD batches ahead of the consumer; a reader
+    error is raised in the consumer, and a consumer that stops early stops the thread."""
+    ready: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD)
+    stopped = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stopped.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer
+            put(exc)
+
+    thread = threading.Thread(target=read, name="stepscope-export-read", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stopped.set()
+        thread.join()
+
+
 def _json_text(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value).decode()
 
@@ -87,7 +130,7 @@ def _encoded(batches: Iterator[pa.RecordBatch], format: str, table: str) -> Iter
     out = pa.PythonFile(sink, mode="w")
     target = _schema(table)
     writer: Any = (
-        pyarrow.parquet.ParquetWriter(out, target, compression="zstd")
+        pyarrow.parquet.ParquetWriter(out, target, compression="snappy")
         if format == "parquet"
         else pyarrow.csv.CSVWriter(out, target)
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+from collections.abc import Iterator
 
 import polars as pl
 import pytest
@@ -97,3 +99,23 @@ def test_export_checks_its_arguments_before_streaming(stored: Stored) -> None:
         query.export(stored.engine, JOB, "ranks", "csv")
     with pytest.raises(ValueError, match="format must be one of parquet, csv, ndjson"):
         query.export(stored.engine, JOB, "steps", "xlsx")
+
+
+def test_a_download_stopped_early_stops_its_read_ahead_and_read_errors_reach_the_client(
+    stored: Stored, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exports, "BATCH_ROWS", 1000)
+    chunks = query.export(stored.engine, JOB, "steps", "csv")
+    assert next(chunks).startswith(b'"job_id","rank","step"')
+    chunks.close()  # the client went away
+    assert not [t for t in threading.enumerate() if t.name == "stepscope-export-read"]
+
+    original = frames.iter_batches
+
+    def failing(*_: object, **__: object) -> Iterator[object]:
+        yield from original(stored.engine, "steps", JOB, batch_rows=1000)
+        raise OSError("the database went away")
+
+    monkeypatch.setattr(frames, "iter_batches", failing)
+    with pytest.raises(OSError, match="went away"):
+        b"".join(query.export(stored.engine, JOB, "steps", "ndjson"))

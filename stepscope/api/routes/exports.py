@@ -42,7 +42,7 @@ def export(
     job_id: JobIdDep,
     _auth: ReadAuth,
     table: ExportTable = "steps",
-    format: Annotated[ExportFormat, Query(description="parquet (zstd), csv or ndjson")] = (
+    format: Annotated[ExportFormat, Query(description="parquet (snappy), csv or ndjson")] = (
         "parquet"
     ),
 ) -> StreamingResponse:
