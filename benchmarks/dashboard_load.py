@@ -8,9 +8,11 @@ machine. Chromium (Debian's, driven by Playwright) opens each page in a fresh co
 (cold cache) and again in the same context (warm cache); printed per page: the time until
 every graph has rendered and the bytes transferred (encoded, as on the wire). Goals: the
 job page ≤ 1.5 × the floor, ≤ 3 MB. While the job page loads, /healthz is polled: its
-latency shows whether dashboard work blocks the event loop that serves ingest.
+latency shows whether dashboard work blocks the event loop that serves ingest. Then a live
+refresh: the job's last 100 steps are stored and analysed while a job page is open, its
+refresh is fired, and the bytes it transferred are printed (goal ≤ 200 KB).
 
-    python benchmarks/dashboard_render.py [--ranks 256] [--steps 2000] [--repeat 3]
+    python benchmarks/dashboard_load.py [--ranks 1024] [--steps 10000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ CHROMIUM_ARGS = [
 ]
 RATIO_GOAL = 1.5
 BYTES_GOAL = 3_000_000
+REFRESH_GOAL_BYTES = 200_000
+NEW_STEPS = 100
+"""Steps stored while a job page is open, for its live refresh."""
 SERVER = """
 import sys, uvicorn, dash, plotly.graph_objects as go
 from dash import dcc
@@ -90,6 +95,31 @@ def load(context: Any, url: str) -> tuple[float, int, int]:
     return elapsed, sum(sizes), int(graphs)
 
 
+def live_refresh(context: Any, url: str, add_steps: Any) -> tuple[int, int, int]:
+    """(bytes the refresh transferred, last step on the band before, after) of a job page
+    whose job gets new steps while it is open."""
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    sizes: list[int] = []
+    cdp.on("Network.loadingFinished", lambda e: sizes.append(int(e["encodedDataLength"])))
+    page.goto(url)
+    page.wait_for_function(SETTLED, timeout=120_000, polling=20)
+    page.wait_for_timeout(300)
+    last_step = """() => Math.max(...document.querySelector('#job-band .js-plotly-plot')._fullData
+        .map(t => (t.x && t.x.length ? Math.max(...Array.from(t.x)) : -Infinity)))"""
+    before = int(page.evaluate(last_step))
+    add_steps()
+    sizes.clear()
+    with page.expect_response(lambda r: "_dash-update-component" in r.url, timeout=60_000):
+        page.evaluate("() => window.dash_clientside.set_props('job-live', {n_intervals: 1})")
+    page.wait_for_function(SETTLED, timeout=120_000, polling=20)
+    page.wait_for_timeout(500)
+    after = int(page.evaluate(last_step))
+    page.close()
+    return sum(sizes), before, after
+
+
 def measure(browser: Any, url: str, repeat: int) -> dict[str, tuple[float, int, int]]:
     """Median cold and warm loads of a page."""
     cold, warm = [], []
@@ -120,8 +150,8 @@ def poll_health(url: str, stop: threading.Event, out: list[float]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -131,14 +161,19 @@ def main() -> None:
         engine = make_engine(db_url)
         upgrade(engine)
         job = make_job(args.ranks, args.steps)
-        rows, seconds = store_batches(engine, job, 0, args.steps - 1)
+        last_old = args.steps - NEW_STEPS - 1
+        rows, seconds = store_batches(engine, job, 0, last_old)
         t0 = time.perf_counter()
         JobAnalyzer(engine, JOB_ID, grace_s=0.0).run(full=True)
         print(
-            f"job {args.ranks} ranks x {args.steps:,} steps: {rows:,} rows stored in "
+            f"job {args.ranks} ranks x {last_old + 1:,} steps: {rows:,} rows stored in "
             f"{seconds:.1f} s, analysed in {time.perf_counter() - t0:.1f} s"
         )
-        engine.dispose()
+
+        def add_steps() -> None:
+            store_batches(engine, job, last_old + 1, args.steps - 1)
+            JobAnalyzer(engine, JOB_ID, grace_s=0.0).run()
+
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-c", SERVER, db_url, str(port)], cwd=tmp, stderr=subprocess.PIPE
@@ -157,10 +192,14 @@ def main() -> None:
                 job_page = measure(browser, f"{url}/jobs/{JOB_ID}", args.repeat)
                 stop.set()
                 poller.join()
+                context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                refresh = live_refresh(context, f"{url}/jobs/{JOB_ID}", add_steps)
+                context.close()
                 browser.close()
         finally:
             server.terminate()
             server.wait(timeout=10)
+            engine.dispose()
 
     print(f"\nmedian of {args.repeat} loads in headless Chromium (time until every graph drew)")
     print(f"{'':22s}{'cold cache':>26s}{'warm cache':>26s}")
@@ -178,6 +217,12 @@ def main() -> None:
             f"{verdict(ratio <= RATIO_GOAL)}]; {size / 1e6:.2f} MB "
             f"[goal <= {BYTES_GOAL / 1e6:.0f} MB: {verdict(size <= BYTES_GOAL)}]"
         )
+    size, before, after = refresh
+    print(
+        f"live refresh after {NEW_STEPS} new steps: {size / 1e3:.1f} KB, band to step {before:,} "
+        f"then {after:,} [goal <= {REFRESH_GOAL_BYTES / 1e3:.0f} KB: "
+        f"{verdict(size <= REFRESH_GOAL_BYTES and after > before)}]"
+    )
     health.sort()
     print(
         f"/healthz while the job page loads: p50 {statistics.median(health):.1f} ms, "
