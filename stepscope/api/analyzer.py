@@ -48,6 +48,8 @@ _OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
 """What the job-level detectors read of the rollups."""
 _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
+_GPU_RANKS_PER_READ = 64
+"""Ranks whose GPU samples a full pass reads and buckets at a time."""
 _READS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepscope-read")
 """Reads of a pass's step and collective rows, side by side."""
 _RECENT = RecentRowsCache()
@@ -429,17 +431,37 @@ class JobAnalyzer:
                     store.write_gpu_buckets(conn, self.job_id, width, merged, spread)
             state.gpu_bucket_s = width
         w = state.gpu_bucket_s
-        lo = math.floor(first_ts / w) * w
-        hi = (math.floor((last_ts or first_ts) / w) + 1) * w
-        samples = frames.read_frame(
-            self.engine,
-            "gpu",
-            self.job_id,
-            columns=compute.GPU_BUCKET_COLUMNS,
-            from_ts=lo,
-            to_ts=hi,
-        )
-        buckets = compute.gpu_buckets(samples, w)
+        if first_ts <= state.first_gpu_ts:  # from the job's first sample: read them all
+            # a few ranks at a time along the key (a time-range read of a whole job goes
+            # through the ts index, row by row), bucketed as they come
+            ranks = self._nodes_and_ranks()[1]
+            if not ranks:  # samples come with their rank's first batch
+                return
+            buckets = pl.concat(
+                [
+                    compute.gpu_buckets(
+                        frames.read_frame(
+                            self.engine,
+                            "gpu",
+                            self.job_id,
+                            columns=compute.GPU_BUCKET_COLUMNS,
+                            ranks=ranks[i : i + _GPU_RANKS_PER_READ],
+                        ),
+                        w,
+                    )
+                    for i in range(0, len(ranks), _GPU_RANKS_PER_READ)
+                ]
+            ).sort("first_ts", "rank", "gpu_index")
+        else:
+            samples = frames.read_frame(
+                self.engine,
+                "gpu",
+                self.job_id,
+                columns=compute.GPU_BUCKET_COLUMNS,
+                from_ts=math.floor(first_ts / w) * w,
+                to_ts=(math.floor((last_ts or first_ts) / w) + 1) * w,
+            )
+            buckets = compute.gpu_buckets(samples, w)
         with self.engine.begin() as conn:
             store.write_gpu_buckets(conn, self.job_id, w, buckets, compute.gpu_spread(buckets))
 
