@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 import sqlalchemy as sa
 
-from stepscope import schema
+from stepscope import query, schema
 from stepscope.analysis import (
     NUMERIC_STEP_COLUMNS,
     AnalysisConfig,
@@ -522,8 +522,18 @@ class BackgroundAnalyzer:
             except Exception:
                 log.exception("analysis of job %s failed", job_id)
                 continue
-            changed += bool(result.rolled_up_steps or result.findings)
+            if result.rolled_up_steps or result.findings:
+                changed += 1
+                self._warm(job_id)
         return changed
+
+    def _warm(self, job_id: str) -> None:
+        """Compute the job's rank table now, off the request path: the dashboard and the API
+        then answer from memory until the next pass (stepscope.query.memo)."""
+        try:
+            query.rank_table(self._engine, job_id)
+        except Exception:
+            log.exception("the rank table of job %s failed", job_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stepscope import query
-from stepscope.api.analyzer import JobAnalyzer
+from stepscope.api.analyzer import BackgroundAnalyzer, JobAnalyzer
+from stepscope.store import reads
 from stepscope.store.engine import make_engine
 from stepscope.synth import JobSpec, Straggler, generate
 from tests.support import write_job_in_rounds
@@ -53,3 +54,23 @@ def test_rank_table_and_heatmap_are_reused_within_a_pass_and_recomputed_after_on
     assert heat_after is not None
     assert (heat.step_edges[-1], heat_after.step_edges[-1]) == (100, 200)
     assert np.isfinite(heat_after.values).all()
+
+
+def test_the_background_analyzer_computes_the_rank_table_after_its_pass(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = JobSpec(job_id="warm", num_ranks=4, num_steps=120, seed=4)
+    list(write_job_in_rounds(engine, generate(spec), steps_per_batch=60))
+    read: list[str] = []
+    original = reads.read_bucket_matrices
+
+    def recording(engine_: Any, job_id: str, **kwargs: Any) -> Any:
+        read.append(job_id)
+        return original(engine_, job_id, **kwargs)
+
+    monkeypatch.setattr(reads, "read_bucket_matrices", recording)
+    assert BackgroundAnalyzer(engine, interval_s=60, active_within_s=3600).run_once() == 1
+    assert read == ["warm"]
+    table = query.rank_table(engine, spec.job_id)  # answered from memory
+    assert read == ["warm"]
+    assert sorted(table.rank.tolist()) == [0, 1, 2, 3]
