@@ -6,24 +6,23 @@ run concurrently (they are independent, and the database drivers release the GIL
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import polars as pl
 import sqlalchemy as sa
 
 from stepscope import query
+from stepscope.analysis import rollups
 from stepscope.dashboard.figures import Event
 from stepscope.query.jobs import MAX_LIMIT
 
 MAX_POINTS = 2000
 """Points of a step series; more than a chart is wide, a spike stays (MinMaxLTTB)."""
-GPU_POINTS = 600
+GPU_POINTS = rollups.MAX_BUCKETS
+"""Time buckets of GPU telemetry: all the rollup holds (fewer re-buckets every device)."""
 HEATMAP_CELLS = 400_000
 """Cells of a rank × step heatmap: ~0.55 MB on the wire (figures.round_mantissa)."""
 HEATMAP_MAX_RANKS = 1024
@@ -113,12 +112,8 @@ def heatmap(
 def events(engine: sa.Engine, job_id: str, summary: query.JobSummary) -> list[Event]:
     """The job's events on the step axis (from attributes.step, else placed by time between
     the job's first and last step), at most MAX_EVENTS."""
-    raw = b"".join(query.export(engine, job_id, "events", "parquet"))
-    frame = pl.read_parquet(io.BytesIO(raw)).sort("ts").head(MAX_EVENTS)
-    if frame.is_empty():
-        return []
     out = []
-    for row in frame.iter_rows(named=True):
+    for row in query.events(engine, job_id, limit=MAX_EVENTS):
         step = _event_step(row, summary)
         if step is not None:
             out.append(Event(step=step, kind=row["kind"], rank=row["rank"], message=row["message"]))
@@ -126,7 +121,7 @@ def events(engine: sa.Engine, job_id: str, summary: query.JobSummary) -> list[Ev
 
 
 def _event_step(row: dict[str, Any], s: query.JobSummary) -> float | None:
-    attributes = json.loads(row["attributes"]) if row.get("attributes") else {}
+    attributes = row.get("attributes")
     step = attributes.get("step") if isinstance(attributes, dict) else None
     if isinstance(step, int | float) and not isinstance(step, bool):
         return float(step)

@@ -24,7 +24,7 @@ from stepscope.query.ranks import RankTable, rank_table
 from stepscope.query.series import AGGREGATES as SERIES_AGGREGATES
 from stepscope.query.series import METRICS as SERIES_METRICS
 from stepscope.query.series import Band, Series, step_band, step_series
-from stepscope.query.summary import JobSummary, StoredFinding, findings, job_summary
+from stepscope.query.summary import JobSummary, StoredFinding, events, findings, job_summary
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -56,6 +56,7 @@ __all__ = [
     "collective_stats",
     "compare",
     "decode_values",
+    "events",
     "export",
     "findings",
     "gpu_series",

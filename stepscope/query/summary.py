@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.query.common import JobNotFound, require_job
+from stepscope.query.common import JobNotFound, check_at_least, require_job
 from stepscope.query.jobs import STALE_AFTER_S
 from stepscope.store import reads
 
@@ -81,3 +81,11 @@ def findings(engine: sa.Engine, job_id: str) -> list[StoredFinding]:
         StoredFinding(**{k: row[k] for k in ("id", *schema.FINDINGS.names)})
         for row in reads.read_findings(engine, job_id)
     ]
+
+
+def events(engine: sa.Engine, job_id: str, *, limit: int = 500) -> list[dict[str, Any]]:
+    """The job's first `limit` events by time: rank, ts, kind, message and attributes (a
+    JSON value or None), as stored."""
+    check_at_least("limit", limit, 1)
+    require_job(engine, job_id)
+    return reads.read_events(engine, job_id, limit)

@@ -355,3 +355,11 @@ def analysis_version(engine: sa.Engine, job_id: str) -> float | None:
     with engine.connect() as conn:
         value = conn.execute(sa.select(t.c.updated_at).where(t.c.job_id == job_id)).scalar()
     return None if value is None else float(value)
+
+
+def read_events(engine: sa.Engine, job_id: str, limit: int) -> list[dict[str, Any]]:
+    """The job's first `limit` events by time, as rows of the events table."""
+    t = tables.events
+    query = sa.select(t).where(t.c.job_id == job_id).order_by(t.c.ts, t.c.rank).limit(limit)
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(query)]

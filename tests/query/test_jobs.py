@@ -10,7 +10,16 @@ import pytest
 
 from stepscope import query
 from stepscope.query import JobFilters, JobNotFound
-from tests.query.conftest import JOB, NUM_RANKS, NUM_STEPS, SMALL_JOBS, STALE_JOB, START_TS, Stored
+from tests.query.conftest import (
+    EVENTS,
+    JOB,
+    NUM_RANKS,
+    NUM_STEPS,
+    SMALL_JOBS,
+    STALE_JOB,
+    START_TS,
+    Stored,
+)
 
 
 def all_pages(stored: Stored, sort: str, limit: int, **filters: Any) -> list[query.JobRow]:
@@ -173,3 +182,16 @@ UNKNOWN_JOB_CALLS: list[Callable[..., Any]] = [
 def test_an_unknown_job_raises_job_not_found(stored: Stored, call: Callable[..., Any]) -> None:
     with pytest.raises(JobNotFound, match="no-such-job"):
         call(stored.engine, "no-such-job")
+
+
+def test_events_come_in_time_order_with_their_attributes(stored: Stored) -> None:
+    got = query.events(stored.engine, JOB)
+    assert [(e["rank"], e["ts"], e["kind"], e["message"]) for e in got] == [
+        (2, e["ts"], e["kind"], e["message"]) for e in EVENTS
+    ]
+    assert got[1]["attributes"] == {"xid": 79, "gpu": 0}
+    assert [e["kind"] for e in query.events(stored.engine, JOB, limit=1)] == ["restart"]
+    with pytest.raises(ValueError, match="limit"):
+        query.events(stored.engine, JOB, limit=0)
+    with pytest.raises(query.JobNotFound):
+        query.events(stored.engine, "no-such-job")
