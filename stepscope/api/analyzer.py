@@ -122,6 +122,16 @@ class _State:
         }
 
 
+def _merged(older: pl.DataFrame, newer: pl.DataFrame) -> pl.DataFrame:
+    """Rows of earlier and of later steps, each ordered by (rank, step, ...), in that order."""
+    key = (pl.col("rank") * (1 << 32) + pl.col("step")).alias("_rank_step")
+    return (
+        older.with_columns(key)
+        .merge_sorted(newer.with_columns(key), "_rank_step")
+        .drop("_rank_step")
+    )
+
+
 def _widen(lo: Any, hi: Any, a: Any, b: Any) -> tuple[Any, Any]:
     """The union of two ranges, either of which may be unknown (None)."""
     lo = a if lo is None else lo if a is None else min(lo, a)
@@ -322,9 +332,11 @@ class JobAnalyzer:
         if recent is None or cached_to < lo:
             return read[0], read[1]
         cached = pl.col("step").is_between(lo, cached_to)
-        steps = pl.concat([recent.steps.filter(cached), read[0]]).sort("rank", "step")
-        collectives = pl.concat([recent.collectives.filter(cached), read[1]])
-        return steps, collectives.sort("rank", "step", "op")
+        steps, collectives = (
+            _merged(kept.filter(cached), fresh)
+            for kept, fresh in ((recent.steps, read[0]), (recent.collectives, read[1]))
+        )
+        return steps, collectives
 
     def _roll_up(
         self,

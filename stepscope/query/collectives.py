@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 from stepscope import schema
 from stepscope.query.common import check_at_least, require_job
 from stepscope.query.downsample import band_indices, finite
+from stepscope.query.memo import per_pass
 from stepscope.store import reads, tables
 
 _COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
@@ -56,6 +57,7 @@ class CollectiveStats:
     series: list[OpSeries]
 
 
+@per_pass
 def collective_stats(engine: sa.Engine, job_id: str, *, max_points: int = 2000) -> CollectiveStats:
     """Bandwidth per op and message size, and each op's bandwidth over steps (downsampled
     keeping the global max of the median and the global min of the slowest rank)."""
