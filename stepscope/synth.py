@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 Cause = Literal["data", "compute", "communication", "gpu_throttling"]
+Jitter = Literal["normal", "lognormal", "ar1"]
 Columns = dict[str, NDArray[Any]]
 
 SW_POWER_CAP = 0x4
@@ -90,6 +91,13 @@ class JobSpec:
     """Share of the clean step spent waiting for data."""
     noise: float = 0.02
     """Relative per-rank per-step noise of data, compute and transfer times."""
+    jitter: Jitter = "normal"
+    """How that noise is drawn: normal (independent steps), lognormal (independent, skewed
+    to slow steps), or ar1 (each rank's noise AR(1)-correlated over steps, heavy-tailed)."""
+    jitter_rho: float = 0.6
+    """Lag-1 correlation of the ar1 noise."""
+    jitter_df: float = 3.0
+    """Degrees of freedom of the ar1 noise's Student-t innovations (heavy tails)."""
     rank_bias: float = 0.005
     """Relative per-rank persistent compute offset (hardware is never perfectly equal)."""
     spike_prob: float = 1e-4
@@ -98,6 +106,10 @@ class JobSpec:
     """A spike adds (spike_factor - 1) × base_step_s to that rank's step."""
     warmup_steps: int = 10
     """First steps are slower (compilation, autotuning, cache warm-up) and noisier."""
+    drift: float = 0.0
+    """The job's compute wanders slowly (a random walk) by about this relative amount (its
+    standard deviation), each rank's by 0.6 of it on top: clocks, temperatures and inputs
+    are never quite steady."""
     stragglers: tuple[Straggler, ...] = ()
     slow_nodes: tuple[SlowNode, ...] = ()
     throughput_shifts: tuple[tuple[int, float], ...] = ()
@@ -129,8 +141,12 @@ class JobSpec:
     def __post_init__(self) -> None:
         if self.num_ranks < 1 or self.num_steps < 1 or self.ranks_per_node < 1:
             raise ValueError("num_ranks, num_steps and ranks_per_node must be >= 1")
-        if self.base_step_s <= 0 or self.noise < 0 or self.rank_bias < 0:
-            raise ValueError("base_step_s must be > 0, noise and rank_bias >= 0")
+        if self.jitter not in ("normal", "lognormal", "ar1"):
+            raise ValueError(f"unknown jitter {self.jitter!r}")
+        if not -1 < self.jitter_rho < 1 or self.jitter_df <= 2:
+            raise ValueError("jitter_rho must be in (-1, 1) and jitter_df > 2")
+        if self.base_step_s <= 0 or self.noise < 0 or self.rank_bias < 0 or self.drift < 0:
+            raise ValueError("base_step_s must be > 0, noise, rank_bias and drift >= 0")
         if not 0 <= self.data_share < 0.5:
             raise ValueError("data_share must be in [0, 0.5)")
         if not 0 <= self.spike_prob <= 1 or self.spike_factor < 1:
@@ -216,12 +232,16 @@ def generate(spec: JobSpec) -> SynthJob:
     bias = 1.0 + spec.rank_bias * rng.standard_normal(num_ranks)
 
     def jitter() -> NDArray[np.float32]:
-        z = rng.standard_normal(shape, dtype=np.float32)
+        z = _noise(rng, shape, spec)
+        if spec.jitter == "lognormal":
+            return np.exp(z * noise - 0.5 * noise * noise).astype(np.float32)
         z *= noise
         z += 1.0
         return np.maximum(z, np.float32(0.2), out=z)
 
     compute = (compute0 * level * warm)[None, :] * bias[:, None] * jitter()
+    if spec.drift > 0:
+        compute *= 1.0 + spec.drift * (_wander(rng, (1, num_steps)) + 0.6 * _wander(rng, shape))
     data = (data0 * level * warm)[None, :] * jitter()
     transfer = (transfer0 / bw_level)[None, :] * jitter()
 
@@ -313,6 +333,30 @@ def generate(spec: JobSpec) -> SynthJob:
         job=job,
         truth=spec.all_stragglers(),
     )
+
+
+def _noise(rng: np.random.Generator, shape: tuple[int, int], spec: JobSpec) -> NDArray[np.float32]:
+    """(ranks, steps) noise of standard deviation 1, independent or AR(1) along the steps."""
+    if spec.jitter != "ar1":
+        return rng.standard_normal(shape, dtype=np.float32)
+    rho, df = spec.jitter_rho, spec.jitter_df
+    # Student-t innovations scaled to a stationary standard deviation of 1.
+    scale = math.sqrt((1.0 - rho * rho) * (df - 2.0) / df)
+    innovations = rng.standard_t(df, size=shape) * scale
+    z = np.empty(shape, dtype=np.float32)
+    z[:, 0] = rng.standard_normal(shape[0])
+    for t in range(1, shape[1]):
+        z[:, t] = rho * z[:, t - 1] + innovations[:, t]
+    return z
+
+
+def _wander(rng: np.random.Generator, shape: tuple[int, int]) -> NDArray[np.float64]:
+    """Random walks along the last axis, each centred and scaled to a standard deviation of 1
+    (over hundreds of steps one step moves it little: a slow wander)."""
+    walk = np.cumsum(rng.standard_normal(shape), axis=1)
+    walk -= walk.mean(axis=1, keepdims=True)
+    sd = walk.std(axis=1, keepdims=True)
+    return walk / np.where(sd > 0, sd, 1.0)
 
 
 def _level(num_steps: int, shifts: tuple[tuple[int, float], ...]) -> NDArray[np.float64]:
