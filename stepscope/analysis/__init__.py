@@ -147,6 +147,8 @@ class RankMatrices:
     data_s: Matrix
     compute_s: Matrix
     comm_wait_s: Matrix | None
+    compute_given: bool
+    """compute_s came with the steps (else it is derived from step_s, data_s, comm_wait_s)."""
     ops: list[OpGrid]
 
     @classmethod
@@ -179,6 +181,7 @@ class RankMatrices:
             data_s=data_s,
             compute_s=derived,
             comm_wait_s=comm_wait_s,
+            compute_given=compute_s is not None,
             ops=ops,
         )
 
@@ -191,6 +194,7 @@ class RankMatrices:
             data_s=self.data_s[a:b],
             compute_s=self.compute_s[a:b],
             comm_wait_s=None if self.comm_wait_s is None else self.comm_wait_s[a:b],
+            compute_given=self.compute_given,
             ops=[op.rows(a, b) for op in self.ops],
         )
 
@@ -248,7 +252,7 @@ def _rank_findings(
             medians={"data": data_median_s},
             comm_wait_s=m.comm_wait_s,
             transfer_s=transfer_times(m.ops) if m.ops else None,
-            compute_includes_wait=m.comm_wait_s is None,
+            compute_includes_wait=m.comm_wait_s is None and not m.compute_given,
             nodes=nodes,
             gpu_evidence=gpu_evidence,
             comm_evidence=CommEvidence(m.ops, m.steps, m.ranks) if m.ops else None,

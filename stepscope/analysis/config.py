@@ -15,16 +15,27 @@ class AnalysisConfig:
     """Leading steps of the job ignored (compilation, autotuning, cache warm-up)."""
 
     window_steps: int = 50
-    """Steps in the sliding window a rank must be persistently slow in."""
+    """Steps of a window: the context a step segment reads of the one before, and the window
+    of the dataloader and collective detectors."""
 
-    persistence: float = 0.6
-    """Share of the window's steps a rank must be slower in before it is a straggler."""
+    min_steps: int = 30
+    """Fewest steps a rank must be slow for to be a straggler (shorter slowdowns are noise)."""
 
-    min_effect: float = 0.03
-    """Smallest slowdown reported, relative to the job's step time (0.03 = 3%)."""
+    min_effect: float = 0.015
+    """Smallest slowdown reported: how much slower a rank became than it was, relative to its
+    peers' median of the metric it shows in (compute, data or collective time); 1.5%."""
 
-    noise_floor_sigmas: float = 0.7
-    """A step counts as slow only above this many robust noise sigmas of its metric."""
+    min_offset: float = 0.02
+    """Smallest excess over its peers reported of a rank slow throughout the steps compared
+    (hardware is never quite equal), relative to their median of that metric; 2%."""
+
+    min_step_share: float = 0.005
+    """Smallest straggler reported, relative to the job's step time (a small metric such as
+    data_s needs this much of the step to count)."""
+
+    max_p_value: float = 1e-3
+    """Chance that a job without stragglers gets one, per step segment: the straggler test's
+    significance, Bonferroni-divided over ranks, channels and positions scanned."""
 
     segment_cells: int = 262_144
     """Rank × steps analysed together: a long job's ranks are compared segment by segment of
@@ -33,11 +44,21 @@ class AnalysisConfig:
     node_share: float = 0.5
     """More than this share of a node's ranks flagged makes one straggler_node finding."""
 
-    warning_effect: float = 0.05
-    """Effect from which a slowdown is a warning (below: info)."""
+    warning_impact: float = 0.01
+    """Share of the job's step time a straggler costs from which it is a warning (below: info)."""
 
-    critical_effect: float = 0.25
-    """Effect from which a slowdown is critical."""
+    critical_impact: float = 0.15
+    """Share of the job's step time a straggler costs from which it is critical."""
+
+    warning_gpus: float = 1.0
+    """GPU-equivalents a straggler costs (share × ranks) from which it is at least a warning."""
+
+    critical_gpus: float = 32.0
+    """GPU-equivalents a straggler costs from which it is critical."""
+
+    cause_steps: int = 25
+    """A throughput or MFU change point this close (in steps) to the start (for a drop) or
+    the end (for a gain) of a rank-level finding names that finding as its cause."""
 
     throttle_share: float = 0.5
     """Share of a rank's GPU samples with a thermal/power slowdown reason that means throttled."""
@@ -70,23 +91,27 @@ class AnalysisConfig:
             raise ValueError("window_steps must be >= 2")
         if self.segment_cells < 1:
             raise ValueError("segment_cells must be >= 1")
-        for name in ("persistence", "node_share", "throttle_share", "clock_drop", "busbw_drop"):
+        if self.min_steps < 2 or self.cause_steps < 0:
+            raise ValueError("min_steps must be >= 2 and cause_steps >= 0")
+        for name in ("node_share", "throttle_share", "clock_drop", "busbw_drop", "max_p_value"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1)")
-        if self.min_effect <= 0 or self.noise_floor_sigmas < 0:
-            raise ValueError("min_effect must be > 0 and noise_floor_sigmas >= 0")
-        if not self.min_effect <= self.warning_effect <= self.critical_effect:
-            raise ValueError("need min_effect <= warning_effect <= critical_effect")
+        if not (0 < self.min_effect < 1 and 0 < self.min_offset < 1):
+            raise ValueError("min_effect and min_offset must be in (0, 1)")
+        if not 0 <= self.min_step_share < 1:
+            raise ValueError("min_step_share must be in [0, 1)")
+        if not 0 < self.warning_impact <= self.critical_impact:
+            raise ValueError("need 0 < warning_impact <= critical_impact")
+        if not 0 < self.warning_gpus <= self.critical_gpus:
+            raise ValueError("need 0 < warning_gpus <= critical_gpus")
         if not 0 < self.data_share <= self.critical_data_share:
             raise ValueError("need 0 < data_share <= critical_data_share")
 
-    @property
-    def window_min_slow(self) -> int:
-        """Slow steps a window needs to confirm a straggler."""
-        return max(1, round(self.persistence * self.window_steps))
-
-    def severity_of(self, effect: float) -> Severity:
-        """info, warning or critical for a relative slowdown."""
-        if effect >= self.critical_effect:
+    def severity_of(self, step_share: float, gpus: float) -> Severity:
+        """info, warning or critical for what a finding costs the job: a share of its step
+        time, and that share times its ranks (GPU-equivalents)."""
+        if step_share >= self.critical_impact or gpus >= self.critical_gpus:
             return "critical"
-        return "warning" if effect >= self.warning_effect else "info"
+        if step_share >= self.warning_impact or gpus >= self.warning_gpus:
+            return "warning"
+        return "info"

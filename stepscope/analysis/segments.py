@@ -115,6 +115,13 @@ def _merged(a: Finding, a_last: int, b: Finding, segment_end: int) -> Finding:
     detected = [e["detected_step"] for e in (a.evidence, b.evidence) if "detected_step" in e]
     if detected:
         evidence["detected_step"] = min(detected)
+    first, second = (e.get("impact") for e in (a.evidence, b.evidence))
+    if isinstance(first, dict) and isinstance(second, dict):
+        # What the episode costs the job over both parts (shares weighted by their steps).
+        impact = dict(first if w_a > w_b else second)
+        for key in ("step_share", "step_s", "gpus"):
+            impact[key] = weighted(first.get(key), second.get(key))
+        evidence["impact"] = impact
     return replace(
         b,
         first_step=a.first_step,

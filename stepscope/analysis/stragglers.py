@@ -1,15 +1,23 @@
-"""Stragglers: ranks persistently slower than their peers, since when, by how much, and why.
+"""Stragglers: ranks persistently slower than their peers, since when, by how much, why, and
+what they cost the job.
 
 Each channel is a per-step metric compared across ranks: `compute` (compute_s), `data`
 (data_s) and `communication` (when the rank's collectives finished, relative to the step
 start: ready time + collective busy time; the peers of a slow-to-arrive rank wait inside
 the collective but finish when it does, so only a slow transfer stands out). Per step, a
-rank's residual is its value minus the median over ranks; the step is slow for the rank
-when the residual exceeds `min_effect` × the job's step time and the noise floor. A rank
-slow in `persistence` × `window_steps` of a sliding window is a straggler from the first
-slow step of that window; it recovered at the last slow step before the windows stop
-confirming it. Overlapping episodes of one rank in several channels are one straggler,
-caused by the channel that costs the most time.
+rank's residual is its value minus the median over ranks; stepscope.analysis.rank_levels
+finds the stretches of `min_steps` steps or more where a rank's residuals are significantly
+higher than its own level elsewhere, by at least `min_effect` of the peers' metric (or,
+slow throughout, higher than the ranks' spread by `min_offset`), and by `min_step_share` of
+the job's step time. Overlapping stretches of one rank in several channels are one
+straggler, caused by the channel that costs the most time.
+
+What a straggler costs the job: in synchronous training the job steps at the pace of its
+slowest rank, so per step the job's step time with the rank is the latest arrival at the
+collective (or the latest collective finish, for a slow transfer), and without it the
+latest among the other ranks (the median rank's at least). The difference, summed over the
+straggler's steps, as a share of the job's step time, is its impact; times the ranks it is
+the GPUs' worth of time lost. Severity follows it.
 """
 
 from __future__ import annotations
@@ -31,9 +39,8 @@ from stepscope.analysis.grid import (
     column_sample,
     nanmedian,
     rank_median,
-    robust_sigma,
 )
-from stepscope.analysis.runs import offset, onset, runs
+from stepscope.analysis.rank_levels import Thresholds, slow_stretches
 from stepscope.schema import Finding
 
 CHANNEL_METRIC = {
@@ -57,12 +64,15 @@ class Episode:
     first: int
     last: int
     confirmed: int
-    """Position where the window first confirmed it (what a live analysis would see)."""
+    """Position from which the steps seen so far confirm it (what a live analysis would see)."""
     ongoing: bool
     excess_s: float
     rank_median_s: float
     peers_median_s: float
-    slow_share: float
+    statistic: float
+    """Its test statistic, in sigmas."""
+    reference: str
+    """What it is slower than: "own" (its level before or after) or "peers"."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -94,61 +104,58 @@ def channel_episodes(
     reference_step_s: NDArray[np.float32],
     config: AnalysisConfig,
     median: NDArray[np.float32] | None = None,
+    *,
+    num_channels: int = 1,
 ) -> list[Episode]:
     """Episodes of ranks persistently above the per-step median of `x` (given or computed)."""
-    num_steps = x.shape[0]
-    window = config.window_steps
-    need = config.window_min_slow
-    if num_steps < need or x.shape[1] < 2:
+    num_steps, num_ranks = x.shape
+    if num_steps < config.min_steps or num_ranks < 2:
         return []
     if median is None:
         median = rank_median(column_sample(x))
     residual = x - median[:, None]
-    sigma = robust_sigma(residual)
-    threshold = np.maximum(config.min_effect * reference_step_s, config.noise_floor_sigmas * sigma)
-    with np.errstate(invalid="ignore"):
-        slow = residual > threshold[:, None]
-
+    stretches = slow_stretches(
+        residual,
+        _floor_s(config.min_effect, median, reference_step_s, config),
+        _floor_s(config.min_offset, median, reference_step_s, config),
+        min_steps=config.min_steps,
+        thresholds=Thresholds.of(num_steps, num_ranks, num_channels, config.max_p_value),
+    )
     episodes = []
-    for r in _candidates(slow, window, need):
-        flags = slow[:, r]
-        counts = np.cumsum(flags, dtype=np.int32)
-        counts[window:] -= counts[:-window].copy()
-        for c0, c1 in runs(counts >= need, merge_gap=window):
-            first = onset(flags, max(0, c0 - window + 1), c0, config.persistence)
-            ongoing = c1 == num_steps - 1
-            last = num_steps - 1 if ongoing else offset(flags, first, c1, config.persistence)
-            span = slice(first, last + 1)
-            episodes.append(
-                Episode(
-                    rank_index=int(r),
-                    channel=channel,
-                    first=first,
-                    last=last,
-                    confirmed=int(c0),
-                    ongoing=ongoing,
-                    excess_s=nanmedian(residual[span, r]),
-                    rank_median_s=nanmedian(x[span, r]),
-                    peers_median_s=nanmedian(median[span]),
-                    slow_share=float(flags[span].mean()),
-                )
+    for s in stretches:
+        r = s.rank_index
+        span = slice(s.first, s.last + 1)
+        episodes.append(
+            Episode(
+                rank_index=r,
+                channel=channel,
+                first=s.first,
+                last=s.last,
+                confirmed=s.confirmed,
+                ongoing=s.last == num_steps - 1,
+                excess_s=nanmedian(residual[span, r]),
+                rank_median_s=nanmedian(x[span, r]),
+                peers_median_s=nanmedian(median[span]),
+                statistic=s.statistic,
+                reference=s.reference,
             )
+        )
     return episodes
 
 
-def _candidates(slow: NDArray[np.bool_], window: int, need: int) -> list[int]:
-    """Ranks that may have `need` slow steps in some window (exact check left to the caller).
-
-    Any `window` consecutive steps lie within two adjacent blocks of `window` steps, so a
-    rank whose adjacent block pairs all hold fewer than `need` slow steps cannot qualify.
-    """
-    num_steps, num_ranks = slow.shape
-    blocks = -(-num_steps // window)
-    padded = np.zeros((blocks * window, num_ranks), dtype=np.uint8)
-    padded[:num_steps] = slow
-    per_block = padded.reshape(blocks, window, num_ranks).sum(axis=1, dtype=np.int32)
-    pairs = per_block[:-1] + per_block[1:] if blocks > 1 else per_block
-    return np.flatnonzero(pairs.max(axis=0) >= need).tolist()
+def _floor_s(
+    share: float,
+    median: NDArray[np.float32],
+    reference_step_s: NDArray[np.float32],
+    config: AnalysisConfig,
+) -> NDArray[np.float64]:
+    """Per step, the smallest excess in seconds that counts: `share` of the peers' median of
+    the metric, and `min_step_share` of the job's step time."""
+    floor = np.fmax(
+        share * np.abs(median.astype(np.float64)),
+        config.min_step_share * reference_step_s.astype(np.float64),
+    )
+    return np.nan_to_num(floor, nan=float(np.nanmax(floor, initial=0.0)))
 
 
 def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Finding]:
@@ -157,7 +164,12 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
         e
         for channel, x in data.channels.items()
         for e in channel_episodes(
-            channel, x, data.reference_step_s, config, data.medians.get(channel)
+            channel,
+            x,
+            data.reference_step_s,
+            config,
+            data.medians.get(channel),
+            num_channels=len(data.channels),
         )
     ]
     groups = _by_rank_overlap(episodes)
@@ -167,10 +179,11 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
         answers = data.gpu_evidence([_window(groups[i], data) for i in asked])
         for i, answer in zip(asked, answers, strict=True):
             gpu[i] = answer
+    lost = _lost_s(data, groups)
     findings = [
         f
-        for group, evidence in zip(groups, gpu, strict=True)
-        if (f := _finding(group, evidence, data, config))
+        for group, evidence, lost_s in zip(groups, gpu, lost, strict=True)
+        if (f := _finding(group, evidence, lost_s, data, config))
     ]
     return _node_findings(findings, data, config)
 
@@ -201,7 +214,11 @@ def _window(group: list[Episode], data: StragglerInput) -> tuple[int, int, int]:
 
 
 def _finding(
-    group: list[Episode], gpu: dict[str, Any] | None, data: StragglerInput, config: AnalysisConfig
+    group: list[Episode],
+    gpu: dict[str, Any] | None,
+    lost_s: float | None,
+    data: StragglerInput,
+    config: AnalysisConfig,
 ) -> Finding | None:
     r = group[0].rank_index
     rank = int(data.ranks[r])
@@ -215,23 +232,24 @@ def _finding(
     excess_s = sum(v for v in per_channel.values() if v > 0)
     span = slice(first, last + 1)
     expected, synchronous = _typical_step_s(data, span, r, excess_s)
-    if not (expected > 0 and math.isfinite(excess_s)):
+    if not (expected > 0 and excess_s > 0 and math.isfinite(excess_s)):
         return None
     effect = excess_s / expected
-    if effect < config.min_effect:
-        return None
 
     first_step = int(data.steps[first])
     last_step = int(data.steps[last])
+    impact = _impact(data, 1, span, lost_s, excess_s, expected, synchronous)
     evidence: dict[str, Any] = {
         "component": CHANNEL_METRIC[main.channel],
         "rank_median_s": main.rank_median_s,
         "peers_median_s": main.peers_median_s,
         "excess_s": {CHANNEL_METRIC[c]: v for c, v in per_channel.items()},
-        "slow_share": main.slow_share,
+        "statistic": main.statistic,
+        "reference": main.reference,
         "detected_step": int(data.steps[min(e.confirmed for e in group)]),
-        "window_steps": config.window_steps,
+        "min_steps": config.min_steps,
         "synchronous": bool(synchronous),
+        "impact": impact,
     }
     if ongoing:
         evidence["last_seen_step"] = last_step
@@ -255,7 +273,7 @@ def _finding(
     return Finding(
         job_id=data.job_id,
         kind=kind,
-        severity=config.severity_of(effect),
+        severity=config.severity_of(impact["step_share"], impact["gpus"]),
         ranks=[rank],
         node=data.nodes.get(rank),
         first_step=first_step,
@@ -267,6 +285,97 @@ def _finding(
         cause=cause,
         evidence=evidence,
     )
+
+
+def _lost_s(data: StragglerInput, groups: list[list[Episode]]) -> list[float | None]:
+    """Per group (one rank's episodes), the job's step time lost to that rank over its steps,
+    in seconds summed over them; None where the ranks' arrival times are unknown.
+
+    Per step, the job's step time with its slow ranks is the latest arrival (or collective
+    finish); without them, the latest of the other ranks (the median rank's at least). Slow
+    ranks that overlap share that difference as in the airport game's Shapley value: each
+    stretch of the difference is split equally among the slow ranks that reach it.
+    """
+    lost: list[float | None] = [None] * len(groups)
+    by_matrix: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        kind = "finish" if _main(group).channel == "communication" else "ready"
+        by_matrix.setdefault(kind, []).append(i)
+    for kind, members in by_matrix.items():
+        if kind == "ready" and data.compute_includes_wait:
+            continue
+        spans = [(min(e.first for e in groups[i]), max(e.last for e in groups[i])) for i in members]
+        a = min(first for first, _ in spans)
+        b = max(last for _, last in spans) + 1
+        if kind == "finish":
+            xs = data.channels["communication"][a:b]
+        else:  # when each rank reached the step's collectives
+            xs = data.channels["data"][a:b] + data.channels["compute"][a:b]
+        active = np.zeros((b - a, len(members)), dtype=bool)
+        columns = [groups[i][0].rank_index for i in members]
+        for j, (first, last) in enumerate(spans):
+            active[first - a : last - a + 1, j] = True
+        others = np.array(xs, dtype=np.float64)
+        for j, column in enumerate(columns):
+            others[active[:, j], column] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            baseline = np.fmax(np.nanmax(others, axis=1), rank_median(column_sample(xs)))
+        excess = np.where(active, xs[:, columns] - baseline[:, None], 0.0)
+        excess = np.maximum(np.nan_to_num(excess, nan=0.0), 0.0)
+        shares = _airport_shapley(excess)
+        for j, i in enumerate(members):
+            lost[i] = float(shares[:, j].sum())
+    return lost
+
+
+def _airport_shapley(cost: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Per row, each column's Shapley value of the game "the row costs its largest value"."""
+    order = np.argsort(cost, axis=1)
+    ascending = np.take_along_axis(cost, order, axis=1)
+    steps = np.diff(ascending, axis=1, prepend=0.0)
+    sharing = cost.shape[1] - np.arange(cost.shape[1])  # players at or above each level
+    values = np.cumsum(steps / sharing, axis=1)
+    out = np.empty_like(cost)
+    np.put_along_axis(out, order, values, axis=1)
+    return out
+
+
+def _impact(
+    data: StragglerInput,
+    num_slow_ranks: int,
+    span: slice,
+    lost_s: float | None,
+    excess_s: float,
+    expected_s: float,
+    synchronous: bool,
+) -> dict[str, Any]:
+    """What slow ranks cost the job over `span`: the job's step time lost per step (`lost_s`
+    summed over the span), its share of the job's step time, and that share times the ranks
+    (GPU-equivalents: the GPUs' worth of time spent waiting)."""
+    num_ranks = int(data.ranks.size)
+    job_step_s = data.reference_step_s[span].astype(np.float64)
+    valid = np.isfinite(job_step_s)
+    total_s = float(job_step_s[valid].sum())
+    num_steps = max(1, int(valid.sum()))
+    if not synchronous:
+        # Ranks that do not wait for each other: only these ranks' own work is lost.
+        share = num_slow_ranks * excess_s / (expected_s + excess_s) / num_ranks
+        method = "own_steps"
+    elif lost_s is None:
+        # Arrival times unknown: the job is taken to wait for the whole excess.
+        share = excess_s / (expected_s + excess_s)
+        method = "excess"
+    else:
+        share = lost_s / total_s if total_s > 0 else 0.0
+        method = "counterfactual"
+    return {
+        "step_share": share,
+        "step_s": share * total_s / num_steps,
+        "gpus": share * num_ranks,
+        "world_size": num_ranks,
+        "method": method,
+    }
 
 
 def _typical_step_s(
@@ -312,16 +421,35 @@ def _node_findings(
             out += group
             continue
         causes = Counter(f.cause for f in group)
+        cause = causes.most_common(1)[0][0]
         effect = float(np.median([f.effect or 0.0 for f in group]))
         expected = float(np.median([f.expected or 0.0 for f in group]))
+        first_step = min(f.first_step or 0 for f in group)
+        last_step = max(int(f.evidence.get("last_seen_step", f.last_step or 0)) for f in group)
+        a, b = (int(i) for i in np.searchsorted(data.steps, [first_step, last_step + 1]))
+        impacts = [f.evidence["impact"] for f in group]
+        lost_s = None
+        if all(i["method"] == "counterfactual" for i in impacts):
+            lost_s = sum(
+                i["step_share"] * _job_time_s(f, data) for i, f in zip(impacts, group, strict=True)
+            )
+        impact = _impact(
+            data,
+            len(flagged),
+            slice(a, b),
+            lost_s,
+            effect * expected,
+            expected,
+            all(f.evidence.get("synchronous") for f in group),
+        )
         out.append(
             Finding(
                 job_id=data.job_id,
                 kind="straggler_node",
-                severity=config.severity_of(effect),
+                severity=config.severity_of(impact["step_share"], impact["gpus"]),
                 ranks=flagged,
                 node=node,
-                first_step=min(f.first_step or 0 for f in group),
+                first_step=first_step,
                 last_step=None
                 if any(f.last_step is None for f in group)
                 else max(f.last_step or 0 for f in group),
@@ -329,9 +457,10 @@ def _node_findings(
                 expected=expected,
                 observed=expected * (1.0 + effect),
                 effect=effect,
-                cause=causes.most_common(1)[0][0],
+                cause=cause,
                 evidence={
                     "ranks_on_node": ranks_on[node],
+                    "impact": impact,
                     "ranks_flagged": len(flagged),
                     "causes": dict(causes),
                     "detected_step": min(f.evidence["detected_step"] for f in group),
@@ -343,3 +472,10 @@ def _node_findings(
             )
         )
     return sorted(out, key=lambda f: (f.first_step or 0, f.ranks))
+
+
+def _job_time_s(f: Finding, data: StragglerInput) -> float:
+    """The job's step time summed over a finding's steps."""
+    last = int(f.evidence.get("last_seen_step", f.last_step or 0))
+    a, b = np.searchsorted(data.steps, [f.first_step or 0, last + 1])
+    return float(np.nansum(data.reference_step_s[a:b].astype(np.float64)))

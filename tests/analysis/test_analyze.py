@@ -90,7 +90,9 @@ def test_one_job_at_a_time() -> None:
 
 
 def test_config_is_checked() -> None:
-    with pytest.raises(ValueError, match="persistence"):
-        AnalysisConfig(persistence=1.5)
+    with pytest.raises(ValueError, match="max_p_value"):
+        AnalysisConfig(max_p_value=1.5)
     with pytest.raises(ValueError, match="min_effect"):
-        AnalysisConfig(min_effect=0.1, warning_effect=0.05)
+        AnalysisConfig(min_effect=0.0)
+    with pytest.raises(ValueError, match="warning_impact <= critical_impact"):
+        AnalysisConfig(warning_impact=0.2, critical_impact=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -171,3 +172,119 @@ def test_row_order_and_missing_rows_do_not_change_the_findings() -> None:
         (f,) = _stragglers(analyze(frame, collectives=frames["collectives"]))
         results.append((f.ranks, f.cause, f.first_step, round(f.effect or 0, 2)))
     assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize(
+    ("jitter", "rank_bias", "spike_prob"),
+    [("normal", 0.005, 1e-4), ("lognormal", 0.0, 1e-3), ("ar1", 0.0, 1e-3)],
+)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_3_percent_slowdown_is_found_at_its_onset_under_each_noise_model(
+    jitter: str, rank_bias: float, spike_prob: float, seed: int
+) -> None:
+    # 3% of the rank's compute under 2% per-step noise: 1.5 sigma per step, and no step of
+    # the straggler stands out on its own.
+    spec = JobSpec(num_ranks=32, num_steps=400, noise=0.02, seed=seed)
+    compute_s = spec.base_step_s * (1 - spec.data_share) - spec.transfer_s
+    factor = 1 + 0.03 * compute_s / spec.base_step_s
+    spec = _spec(
+        Straggler(ranks=(11,), factor=factor, cause="compute", from_step=150),
+        num_steps=400,
+        noise=0.02,
+        jitter=jitter,
+        rank_bias=rank_bias,
+        spike_prob=spike_prob,
+        seed=seed,
+    )
+
+    (f,) = _stragglers(_analyze(spec))
+
+    assert (f.kind, f.ranks, f.cause, f.last_step) == ("straggler_rank", [11], "compute", None)
+    assert f.first_step == pytest.approx(150, abs=20)
+    assert f.evidence["excess_s"]["compute_s"] == pytest.approx(0.03 * compute_s, rel=0.3)
+    assert f.evidence["detected_step"] - 150 <= 100
+
+
+@pytest.mark.parametrize("jitter", ["normal", "lognormal", "ar1"])
+def test_clean_jobs_under_each_noise_model_have_no_findings(jitter: str) -> None:
+    for seed in range(3):
+        spec = _spec(num_steps=400, jitter=jitter, rank_bias=0.0, spike_prob=1e-3, seed=seed)
+        findings = [f for f in _analyze(spec) if f.kind != "peak_unknown"]  # no peak given
+        assert [(f.kind, f.ranks) for f in findings] == []
+
+
+def _synchronous_steps(ready_s: np.ndarray, transfer_s: float) -> pl.DataFrame:
+    """Steps of ranks that meet at an all-reduce after `ready_s` (steps × ranks) seconds."""
+    num_steps, num_ranks = ready_s.shape
+    step_s = ready_s.max(axis=1, keepdims=True) + transfer_s + np.zeros_like(ready_s)
+    return pl.DataFrame(
+        {
+            "job_id": "crafted",
+            "rank": np.tile(np.arange(num_ranks), num_steps),
+            "step": np.repeat(np.arange(num_steps), num_ranks),
+            "step_s": step_s.ravel(),
+            "data_s": np.full(ready_s.size, 0.01),
+            "comm_wait_s": (step_s - ready_s).ravel(),
+        }
+    )
+
+
+def test_impact_is_the_job_step_time_lost_to_the_rank() -> None:
+    rng = np.random.default_rng(3)
+    ready_s = 0.2 * (1 + 0.01 * rng.standard_normal((300, 8)))
+    ready_s[100:, 5] += 0.2 * 0.03  # 3% slower from step 100: not the slowest in every step
+    transfer_s = 0.02
+
+    (f,) = _stragglers(analyze(_synchronous_steps(ready_s, transfer_s)))
+
+    assert (f.ranks, f.cause) == ([5], "compute")
+    assert f.first_step == pytest.approx(100, abs=2)
+    # By hand: the job's step with rank 5 against without it (the others' latest arrival).
+    span = slice(f.first_step, None)
+    with_rank = ready_s[span].max(axis=1) + transfer_s
+    without_rank = np.delete(ready_s[span], 5, axis=1).max(axis=1) + transfer_s
+    share = (with_rank - without_rank).sum() / with_rank.sum()
+    assert 0.002 < share < 0.03
+    impact = f.evidence["impact"]
+    assert impact["step_share"] == pytest.approx(share, rel=1e-3)
+    assert impact["step_s"] == pytest.approx((with_rank - without_rank).mean(), rel=1e-3)
+    assert impact["gpus"] == pytest.approx(8 * share, rel=1e-3)
+    assert f.severity == ("warning" if share >= 0.01 else "info")
+
+
+def test_ranks_slow_together_share_what_they_cost() -> None:
+    rng = np.random.default_rng(4)
+    ready_s = 0.2 * (1 + 0.005 * rng.standard_normal((300, 16)))
+    ready_s[100:, 3] += 0.02  # 10% slower
+    ready_s[100:, 9] += 0.01  # 5% slower: only costs the job when rank 3 is not there
+    transfer_s = 0.02
+
+    found = {f.ranks[0]: f for f in _stragglers(analyze(_synchronous_steps(ready_s, transfer_s)))}
+
+    assert sorted(found) == [3, 9]
+    span = slice(100, None)
+    with_both = ready_s[span].max(axis=1) + transfer_s
+    without_both = np.delete(ready_s[span], [3, 9], axis=1).max(axis=1) + transfer_s
+    lost = {r: f.evidence["impact"]["step_s"] for r, f in found.items()}
+    # Each pays alone for its own stretch, the stretch both reach is split between them.
+    assert lost[3] + lost[9] == pytest.approx((with_both - without_both).mean(), rel=0.02)
+    assert lost[3] == pytest.approx(lost[9] + 0.01, rel=0.1)
+    assert found[3].severity == "warning"
+
+
+def test_severity_follows_what_the_straggler_costs_the_job() -> None:
+    # The same 5% slowdown: among 64 noisy ranks the slowest peer is often slower still, so
+    # it costs the job little; among quiet ranks the job waits for it at every step.
+    slow = Straggler(ranks=(7,), factor=1.05, cause="compute", from_step=150)
+    noisy = _stragglers(_analyze(_spec(slow, num_ranks=64, noise=0.03, num_steps=400)))
+    quiet = _stragglers(_analyze(_spec(slow, num_ranks=64, noise=0.002, num_steps=400)))
+
+    (noisy_f,), (quiet_f,) = noisy, quiet
+    assert noisy_f.effect == pytest.approx(quiet_f.effect, abs=0.01)
+    assert (
+        noisy_f.evidence["impact"]["step_share"] < 0.01 <= quiet_f.evidence["impact"]["step_share"]
+    )
+    assert quiet_f.evidence["impact"]["gpus"] == pytest.approx(
+        64 * quiet_f.evidence["impact"]["step_share"]
+    )
+    assert (noisy_f.severity, quiet_f.severity) == ("info", "warning")
