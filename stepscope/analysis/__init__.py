@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.causes import with_causes
 from stepscope.analysis.collectives import (
     CommEvidence,
     OpGrid,
@@ -41,6 +42,7 @@ __all__ = [
     "job_findings",
     "mfu_per_step",
     "rank_findings",
+    "with_causes",
 ]
 
 _STEP_COLUMNS = (
@@ -115,7 +117,7 @@ def analyze(
                 job_id, matrices.rows(a, b), times, gpu, nodes=nodes, config=config
             )
             per_segment[k] = plan.owned(k, found)
-    return _stamped(findings + stitch(plan, per_segment))
+    return _stamped(with_causes(findings + stitch(plan, per_segment), config))
 
 
 def job_findings(

@@ -28,6 +28,7 @@ from stepscope.analysis import (
     AnalysisConfig,
     job_findings,
     rank_findings,
+    with_causes,
 )
 from stepscope.analysis import rollups as compute
 from stepscope.analysis.segments import SegmentPlan, stitch
@@ -208,6 +209,7 @@ class JobAnalyzer:
                 k: [schema.Finding(**f) for f in found] for k, found in state.segments.items()
             }
             findings += stitch(state.plan, per_segment)
+        findings = with_causes(findings, self.config)
         # A batch stamped within OVERLAP_S before the new watermark may still be committing:
         # the next pass re-reads that stretch if it then holds more batches than now.
         if arrivals is not None:

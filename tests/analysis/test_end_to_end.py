@@ -215,6 +215,9 @@ def test_background_analyzer_stores_findings_once_per_finding(
     ]
     (straggler,) = [r for r in first if r["kind"] == "straggler_rank"]
     assert (straggler["ranks"], straggler["cause"]) == ([6], "data")
+    # The throughput and MFU drops at its onset name it as their cause.
+    drops = [r for r in first if r["kind"] == "throughput_drop"]
+    assert [(r["ranks"], r["cause"]) for r in drops] == [([6], "data")] * 2
     assert abs(straggler["first_step"] - 120) <= 10
     assert len(second) == len(first)
     key = ("kind", "first_step", "ranks", "cause", "detected_at")

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze
+from stepscope.describe import finding_line
 from stepscope.schema import Finding
 from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
 
@@ -250,6 +251,8 @@ def test_impact_is_the_job_step_time_lost_to_the_rank() -> None:
     assert impact["step_s"] == pytest.approx((with_rank - without_rank).mean(), rel=1e-3)
     assert impact["gpus"] == pytest.approx(8 * share, rel=1e-3)
     assert f.severity == ("warning" if share >= 0.01 else "info")
+    # The one-line text says it too.
+    assert finding_line(f).endswith(f"job cost {share:.1%}, {8 * share:.1f} GPUs")
 
 
 def test_ranks_slow_together_share_what_they_cost() -> None:
