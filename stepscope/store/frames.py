@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
@@ -36,6 +38,8 @@ _SQL_TYPES = {
 _TYPED_VALUES = {"str": "''", "int": "0", "float": "0.0", "json": "''"}
 _RANKS_PER_READ = 16
 """Ranks per read when streaming a SQLite table."""
+_READS_IN_FLIGHT = 2
+"""Reads of a streamed SQLite table running at once (each in its own reader process)."""
 _MAX_IDLE_CONNECTIONS = 8
 """Idle ADBC connections kept per engine: a PostgreSQL connect costs ~40 ms, a small read ~1 ms."""
 
@@ -112,11 +116,27 @@ def iter_batches(
         _select(engine, table, job_id, columns, from_step, to_step, part, from_ts, to_ts)
         for part in (ranks[i : i + _RANKS_PER_READ] for i in range(0, len(ranks), _RANKS_PER_READ))
     ]
-    return (
-        batch
-        for chunk in chunks
-        for batch in fetch_table(engine, chunk).to_batches(max_chunksize=batch_rows)
-    )
+    return _fetched_in_order(engine, chunks, batch_rows)
+
+
+def _fetched_in_order(
+    engine: sa.Engine, chunks: list[Select], batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """The chunks' rows in order, the next chunk read (by another reader process) while
+    this one is consumed: SQLite decoding, not the consumer, bounds a streamed read."""
+    with ThreadPoolExecutor(max_workers=_READS_IN_FLIGHT) as pool:
+        pending: deque[Future[pa.Table]] = deque()
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(fetch_table, engine, chunk))
+                if len(pending) < _READS_IN_FLIGHT:
+                    continue
+                yield from pending.popleft().result().to_batches(max_chunksize=batch_rows)
+            while pending:
+                yield from pending.popleft().result().to_batches(max_chunksize=batch_rows)
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _stream(engine: sa.Engine, query: Select, batch_rows: int) -> Iterator[pa.RecordBatch]:
