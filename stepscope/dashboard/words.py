@@ -140,8 +140,22 @@ def evidence_lines(f: Finding) -> list[str]:
             f"Its median {component} is {fmt.seconds(rank_s)} per step against "
             f"{fmt.seconds(peers_s)} on the other ranks."
         )
-    if _number(e.get("slow_share")):
-        lines.append(f"It was the slow one in {e['slow_share']:.0%} of the steps examined.")
+    impact = e.get("impact")
+    if isinstance(impact, dict) and _number(impact.get("step_s")) and _number(impact.get("gpus")):
+        lines.append(
+            f"The job's steps would be {fmt.seconds(impact['step_s'])} shorter with it at the "
+            f"median: the work of {impact['gpus']:.1f} GPUs."
+        )
+    if e.get("scope") == "job-wide":
+        lines.append("No rank, data stall or collective explains it: the whole job changed.")
+    caused_by = e.get("caused_by")
+    if isinstance(caused_by, list) and caused_by:
+        first = caused_by[0]
+        who = first.get("node") or ", ".join(str(r) for r in first.get("ranks") or []) or "job"
+        lines.append(
+            f"It starts with a {KINDS.get(str(first.get('kind')), first.get('kind'))} "
+            f"({who}, from step {first.get('first_step')})."
+        )
     wait = e.get("comm_wait_s")
     if isinstance(wait, dict) and _number(wait.get("rank")) and _number(wait.get("peers")):
         lines.append(

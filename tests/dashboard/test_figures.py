@@ -300,3 +300,26 @@ def test_heatmap_zoom_and_clicks() -> None:
     assert clicked_rank({"points": [{"customdata": 7}]}) == 7
     assert clicked_rank({"points": [{"y": "12–15 · node-3"}]}) == 12
     assert clicked_rank({"points": []}) is None
+
+
+def test_evidence_says_what_a_straggler_costs_and_what_caused_a_change() -> None:
+    impact = {"step_share": 0.02, "step_s": 0.01, "gpus": 20.5, "method": "slowest_arrival"}
+    straggler = _finding(evidence={"impact": impact})
+    assert "shorter with it at the median: the work of 20.5 GPUs." in " ".join(
+        words.evidence_lines(straggler)
+    )
+    caused = _finding(
+        kind="throughput_drop",
+        metric="tokens_per_s",
+        evidence={
+            "scope": "ranks",
+            "caused_by": [
+                {"kind": "straggler_rank", "ranks": [5], "node": None, "first_step": 150}
+            ],
+        },
+    )
+    assert words.evidence_lines(caused)[-1] == (
+        f"It starts with a {words.KINDS['straggler_rank']} (5, from step 150)."
+    )
+    wide = _finding(kind="throughput_drop", evidence={"scope": "job-wide", "caused_by": []})
+    assert "the whole job changed" in words.evidence_lines(wide)[-1]
