@@ -200,11 +200,26 @@ def _select(
         if column not in FRAME_TABLES[table].c:
             raise ValueError(f"{table} has no {column} column to filter on")
         where.append(f'"{column}" {op} {bind(value, column)}')
+    source = f'"{spec.name}"'
     if ranks is not None:
         # Inlined as integer literals (int() makes them safe): binding a thousand parameters
         # costs ADBC half a second, and the listed ranks let the key serve a step range.
-        listed = ", ".join(str(int(r)) for r in ranks)
-        where.append(f'"rank" IN ({listed})' if listed else "1 = 0")
+        listed = ", ".join(str(int(r)) for r in sorted(set(ranks)))
+        if not listed:
+            where.append("1 = 0")
+        elif dialect == "sqlite":
+            where.append(f'"rank" IN ({listed})')
+        else:
+            # One key lookup per rank. Given `rank IN (...)`, PostgreSQL's planner, whose
+            # statistics do not know a live job's newest steps yet, scans every step of
+            # the job's key range and filters the ranks (10x slower for a job's last steps).
+            where.append('"rank" = "_listed"."_rank"')
+            inner = f'SELECT * FROM "{spec.name}" WHERE {" AND ".join(where)} OFFSET 0'
+            source = (
+                f'unnest(\'{{{listed}}}\'::bigint[]) AS "_listed"("_rank") '
+                f'CROSS JOIN LATERAL ({inner}) AS "_rows"'
+            )
+            where = ["TRUE"]
 
     # Key columns (never NULL) are selected as stored, so the primary-key index gives the
     # order; the others are CAST to their type. Keys not asked for are dropped after reading.
@@ -214,7 +229,7 @@ def _select(
     select = ", ".join(
         f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]}) AS "{n}"' for n in names
     )
-    sql = f'SELECT {select} FROM "{spec.name}" WHERE {" AND ".join(where)}'
+    sql = f"SELECT {select} FROM {source} WHERE {' AND '.join(where)}"
     setup = None
     if dialect == "sqlite":
         # ADBC's SQLite driver types a column by its values in the first batch: NULL there
