@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 import polars as pl
 import sqlalchemy as sa
 
-from stepscope import query, schema
+from stepscope import schema
 from stepscope.analysis import (
     NUMERIC_STEP_COLUMNS,
     AnalysisConfig,
@@ -491,64 +490,3 @@ def analyze_stored_job(
     """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
     result = JobAnalyzer(engine, job_id, grace_s=grace_s, on_findings=on_findings).run(full=full)
     return result.findings if result.findings else queries.load_findings(engine, job_id)
-
-
-class BackgroundAnalyzer:
-    """A daemon thread that runs an incremental pass over active jobs every `interval_s`."""
-
-    def __init__(
-        self,
-        engine: sa.Engine,
-        *,
-        interval_s: float,
-        active_within_s: float,
-        grace_s: float = 30.0,
-        on_findings: FindingsHook | None = None,
-    ) -> None:
-        self._engine = engine
-        self._interval_s = interval_s
-        self._active_within_s = active_within_s
-        self._grace_s = grace_s
-        self._on_findings = on_findings
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._interval_s <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name="stepscope-analyzer", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def run_once(self) -> int:
-        """One pass over each active job; how many had new data."""
-        active = queries.active_jobs(self._engine, seen_within_s=self._active_within_s)
-        changed = 0
-        for job_id in active:
-            try:
-                result = JobAnalyzer(
-                    self._engine, job_id, grace_s=self._grace_s, on_findings=self._on_findings
-                ).run()
-            except Exception:
-                log.exception("analysis of job %s failed", job_id)
-                continue
-            if result.rolled_up_steps or result.findings:
-                changed += 1
-                self._warm(job_id)
-        return changed
-
-    def _warm(self, job_id: str) -> None:
-        """Compute the job's rank table now, off the request path: the dashboard and the API
-        then answer from memory until the next pass (stepscope.query.memo)."""
-        try:
-            query.rank_table(self._engine, job_id)
-        except Exception:
-            log.exception("the rank table of job %s failed", job_id)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.run_once()

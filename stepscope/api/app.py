@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from stepscope import __version__
 from stepscope.api import errors
-from stepscope.api.analyzer import BackgroundAnalyzer
+from stepscope.api.background import BackgroundAnalyzer
 from stepscope.api.openapi import build_openapi
 from stepscope.api.routes import router as api_router
 from stepscope.api.settings import Settings

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.api.analyzer import BackgroundAnalyzer, analyze_stored_job
+from stepscope.api.analyzer import analyze_stored_job
+from stepscope.api.background import BackgroundAnalyzer
 from stepscope.schema import FINDINGS
 from stepscope.simulate import stream_job
 from stepscope.store.engine import make_engine

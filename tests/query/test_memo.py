@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stepscope import query
-from stepscope.api.analyzer import BackgroundAnalyzer, JobAnalyzer
+from stepscope.api.analyzer import JobAnalyzer
+from stepscope.api.background import BackgroundAnalyzer
 from stepscope.store import reads
 from stepscope.store.engine import make_engine
 from stepscope.synth import JobSpec, Straggler, generate
