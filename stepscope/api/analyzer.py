@@ -188,16 +188,24 @@ class JobAnalyzer:
         if arrivals is not None:
             lo, hi = _widen(lo, hi, arrivals.first_step, arrivals.last_step)
         state.first_step, state.last_step = _widen(state.first_step, state.last_step, lo, hi)
-        if lo is not None and state.first_step is not None and state.last_step is not None:
-            if state.plan is None:
-                num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
-                state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
-            self._rebucket_steps(state)
-            result.rolled_up_steps, state.pending_from, tail = self._steps(
-                state, job, lo, hi if hi is not None else state.last_step, now, result, recent
-            )
-        if arrivals is not None and arrivals.first_gpu_ts is not None:
-            self._gpu(state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
+        # GPU time buckets are made beside the steps' rollups and segments (they share no
+        # state or table): each part waits mostly on its reads.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepscope-gpu") as gpu_pool:
+            gpu = None
+            if arrivals is not None and arrivals.first_gpu_ts is not None:
+                gpu = gpu_pool.submit(
+                    self._gpu, state, arrivals.first_gpu_ts, arrivals.last_gpu_ts
+                )
+            if lo is not None and state.first_step is not None and state.last_step is not None:
+                if state.plan is None:
+                    num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
+                    state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
+                self._rebucket_steps(state)
+                result.rolled_up_steps, state.pending_from, tail = self._steps(
+                    state, job, lo, hi if hi is not None else state.last_step, now, result, recent
+                )
+            if gpu is not None:
+                gpu.result()
 
         rollup = reads.read_rollup(
             self.engine, tables.step_rollups, self.job_id, columns=_ROLLUP_COLUMNS
