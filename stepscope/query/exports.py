@@ -69,12 +69,15 @@ def _batches(engine: sa.Engine, job_id: str, table: str) -> Iterator[pa.RecordBa
     nodes = reads.read_nodes(engine, job_id) if table == "steps" else {}
     node_ranks = pa.array(list(nodes), type=pa.int64())
     node_names = pa.array(list(nodes.values()), type=pa.string())
-    for batch in frames.iter_batches(engine, table, job_id, batch_rows=BATCH_ROWS):
+    # job_id (the same in every row) is not read, and node comes from the ranks table
+    stored = [n for n in frames.arrow_schema(table).names if n != "job_id"]
+    for batch in frames.iter_batches(engine, table, job_id, columns=stored, batch_rows=BATCH_ROWS):
+        columns = dict(zip(stored, batch.columns, strict=True))
+        columns["job_id"] = pa.repeat(pa.scalar(job_id), batch.num_rows)
         if table == "steps":  # node of each row's rank; null for a rank the job has not seen
             at = pc.index_in(batch.column("rank"), value_set=node_ranks)
-            node = pc.take(node_names, at)
-            batch = pa.RecordBatch.from_arrays([*batch.columns, node], schema=target)
-        yield batch
+            columns["node"] = pc.take(node_names, at)
+        yield pa.RecordBatch.from_arrays([columns[n] for n in target.names], schema=target)
 
 
 _DONE = object()

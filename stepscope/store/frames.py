@@ -36,10 +36,17 @@ _SQL_TYPES = {
     "postgresql": {"str": "text", "int": "bigint", "float": "double precision", "json": "text"},
 }
 _TYPED_VALUES = {"str": "''", "int": "0", "float": "0.0", "json": "''"}
-_RANKS_PER_READ = 16
-"""Ranks per read when streaming a SQLite table."""
+ROWS_PER_READ = 131072
+"""Rows a streamed read fetches at a time (a whole rank if it has more)."""
 _READS_IN_FLIGHT = 2
-"""Reads of a streamed SQLite table running at once (each in its own reader process)."""
+"""Reads of a streamed table running at once (PostgreSQL connections or SQLite readers)."""
+_BATCH_COUNTS = {
+    "steps": "num_steps",
+    "collectives": "num_collectives",
+    "gpu": "num_gpu",
+    "events": "num_events",
+}
+"""Frame table → the column of ingest_batches that counts its rows."""
 _MAX_IDLE_CONNECTIONS = 8
 """Idle ADBC connections kept per engine: a PostgreSQL connect costs ~40 ms, a small read ~1 ms."""
 
@@ -102,28 +109,44 @@ def iter_batches(
     from_ts: float | None = None,
     to_ts: float | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of `read_frame`, streamed as record batches of at most `batch_rows` rows."""
+    """The rows of `read_frame`, streamed as record batches of at most `batch_rows` rows.
+
+    They are read a few ranks at a time (about ROWS_PER_READ rows, or one rank), two reads
+    in flight: the next read runs on the database (or the SQLite reader process) while this
+    one is consumed, and memory stays bounded whatever the job's size.
+    """
     if batch_rows < 1:
         raise ValueError("batch_rows must be >= 1")
-    query = _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
-    if engine.dialect.name != "sqlite":
-        return _stream(engine, query, batch_rows)  # errors raised here, not at the first batch
-    # SQLite: a few ranks per read, so memory stays bounded (the reader process returns
-    # whole results).
+    # errors raised here, not at the first batch
+    _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
     if ranks is None:
         ranks = read_frame(engine, "ranks", job_id, columns=["rank"])["rank"].to_list()
+    per_read = max(1, ROWS_PER_READ // _rows_per_rank(engine, table, job_id))
     chunks = [
         _select(engine, table, job_id, columns, from_step, to_step, part, from_ts, to_ts)
-        for part in (ranks[i : i + _RANKS_PER_READ] for i in range(0, len(ranks), _RANKS_PER_READ))
+        for part in (ranks[i : i + per_read] for i in range(0, len(ranks), per_read))
     ]
     return _fetched_in_order(engine, chunks, batch_rows)
+
+
+def _rows_per_rank(engine: sa.Engine, table: str, job_id: str) -> int:
+    """The job's mean rows of `table` per rank as its batches counted them (at least 1)."""
+    if table == "ranks":
+        return 1
+    batch = tables.IngestBatch
+    counted = getattr(batch, _BATCH_COUNTS[table])
+    query = sa.select(sa.func.sum(counted), sa.func.count(sa.distinct(batch.rank))).where(
+        batch.job_id == job_id
+    )
+    with engine.connect() as conn:
+        total, num_ranks = conn.execute(query).one()
+    return max(1, int(total or 0) // max(1, int(num_ranks)))
 
 
 def _fetched_in_order(
     engine: sa.Engine, chunks: list[Select], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    """The chunks' rows in order, the next chunk read (by another reader process) while
-    this one is consumed: SQLite decoding, not the consumer, bounds a streamed read."""
+    """The chunks' rows in order, the next chunk read while this one is consumed."""
     with ThreadPoolExecutor(max_workers=_READS_IN_FLIGHT) as pool:
         pending: deque[Future[pa.Table]] = deque()
         try:
@@ -137,16 +160,6 @@ def _fetched_in_order(
         finally:
             for future in pending:
                 future.cancel()
-
-
-def _stream(engine: sa.Engine, query: Select, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    uri = _adbc_uri(engine.url)
-    assert uri is not None  # PostgreSQL
-    with _cursor(engine, uri, query) as cursor:
-        for i, batch in enumerate(cursor.fetch_record_batch()):
-            batch = _conform(batch, query, first=i == 0)
-            for start in range(0, batch.num_rows, batch_rows):
-                yield batch.slice(start, batch_rows)
 
 
 class Select(NamedTuple):

@@ -6,6 +6,7 @@ import io
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import polars as pl
 import pytest
@@ -112,8 +113,8 @@ def test_a_download_stopped_early_stops_its_read_ahead_and_read_errors_reach_the
 
     original = frames.iter_batches
 
-    def failing(*_: object, **__: object) -> Iterator[object]:
-        yield from original(stored.engine, "steps", JOB, batch_rows=1000)
+    def failing(*args: Any, **kwargs: Any) -> Iterator[object]:
+        yield from original(*args, **kwargs)
         raise OSError("the database went away")
 
     monkeypatch.setattr(frames, "iter_batches", failing)
