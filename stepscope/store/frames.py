@@ -119,14 +119,22 @@ def iter_batches(
         raise ValueError("batch_rows must be >= 1")
     # errors raised here, not at the first batch
     _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
-    if ranks is None:
-        ranks = read_frame(engine, "ranks", job_id, columns=["rank"])["rank"].to_list()
     per_read = max(1, ROWS_PER_READ // _rows_per_rank(engine, table, job_id))
-    chunks = [
-        _select(engine, table, job_id, columns, from_step, to_step, part, from_ts, to_ts)
-        for part in (ranks[i : i + per_read] for i in range(0, len(ranks), per_read))
-    ]
+    filters = (engine, table, job_id, columns, from_step, to_step)
+    if ranks is None:  # the job's ranks, a range of them a read: along the key, no sort
+        job_ranks = read_frame(engine, "ranks", job_id, columns=["rank"])["rank"].to_list()
+        chunks = [
+            _select(*filters, None, from_ts, to_ts, rank_range=(part[0], part[-1]))
+            for part in _parts(job_ranks, per_read)
+        ]
+    else:
+        listed = sorted(set(ranks))
+        chunks = [_select(*filters, part, from_ts, to_ts) for part in _parts(listed, per_read)]
     return _fetched_in_order(engine, chunks, batch_rows)
+
+
+def _parts(values: list[int], size: int) -> list[list[int]]:
+    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 def _rows_per_rank(engine: sa.Engine, table: str, job_id: str) -> int:
@@ -184,6 +192,8 @@ def _select(
     ranks: Sequence[int] | None,
     from_ts: float | None,
     to_ts: float | None,
+    *,
+    rank_range: tuple[int, int] | None = None,
 ) -> Select:
     """The SQL and bound parameters of a read: every filter is in the WHERE clause."""
     target = arrow_schema(table, columns)
@@ -202,7 +212,10 @@ def _select(
         return f"CAST(current_setting('stepscope.read_{len(params)}') AS {sql_type})"
 
     where = [f'"job_id" = {bind(job_id, "job_id")}']
+    first_rank, last_rank = rank_range or (None, None)
     for column, op, value in (
+        ("rank", ">=", None if first_rank is None else int(first_rank)),
+        ("rank", "<=", None if last_rank is None else int(last_rank)),
         ("step", ">=", None if from_step is None else int(from_step)),
         ("step", "<=", None if to_step is None else int(to_step)),
         ("ts", ">=", None if from_ts is None else float(from_ts)),
