@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from polars.testing import assert_frame_equal
 
-from stepscope.store import queries
+from stepscope.store import frames, queries
 from stepscope.store.engine import make_engine
 from stepscope.store.frames import arrow_schema, iter_batches, read_frame
 from stepscope.store.migrate import upgrade
@@ -247,6 +247,25 @@ def test_iter_batches_streams_the_rows_of_read_frame_in_bounded_batches(
         streamed = pl.DataFrame(pa.Table.from_batches(batches))
         assert_frame_equal(streamed, read_frame(engine, "steps", JOB, **kwargs))
     assert list(iter_batches(engine, "steps", "no-such-job")) == []
+
+
+def test_a_streamed_read_of_many_reads_keeps_the_order_and_rows_of_one_read(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ranks with gaps between them, 30 rows each: two ranks a read
+    for rank in (7, 0, 5, 2, 9):
+        store(engine, rank, steps=steps(rank, list(range(30))))
+    monkeypatch.setattr(frames, "ROWS_PER_READ", 60)
+    assert frames._rows_per_rank(engine, "steps", JOB) == 30
+
+    for kwargs in ({}, {"ranks": [9, 2, 5, 7]}, {"from_step": 28, "columns": ["rank", "step"]}):
+        batches = list(iter_batches(engine, "steps", JOB, batch_rows=25, **kwargs))
+        assert all(0 < b.num_rows <= 25 for b in batches)
+        streamed = pl.DataFrame(pa.Table.from_batches(batches))
+        assert_frame_equal(streamed, read_frame(engine, "steps", JOB, **kwargs))
+    ranks = pl.DataFrame(pa.Table.from_batches(list(iter_batches(engine, "steps", JOB))))["rank"]
+    assert ranks.unique(maintain_order=True).to_list() == [0, 2, 5, 7, 9]
+    assert ranks.len() == 150
 
 
 def test_reads_see_rows_written_after_an_earlier_read(engine: sa.Engine) -> None:
