@@ -273,12 +273,12 @@ def _select(
     return Select(sql, params, target, typing_row=dialect == "sqlite", setup=setup)
 
 
-def _conform(data: Any, query: Select, *, first: bool = True) -> Any:
-    """An arrow table or batch of `query`'s result without the typing row, in its schema."""
-    if first and query.typing_row:
+def _conform(data: pa.Table, query: Select) -> pa.Table:
+    """`query`'s result without the typing row, in its schema."""
+    if query.typing_row:
         data = data.slice(1)
     arrays = [data.column(i).cast(field.type) for i, field in enumerate(query.schema)]
-    return type(data).from_arrays(arrays, schema=query.schema)
+    return pa.Table.from_arrays(arrays, schema=query.schema)
 
 
 def _read_through_sqlalchemy(engine: sa.Engine, query: Select) -> pa.Table:
