@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import warnings
 
 import numpy as np
 import plotly.io as pio
@@ -150,10 +151,10 @@ def test_heatmap_rows_are_ranks_by_node_with_values_kept() -> None:
     fig = figures.heatmap_figure(hm)
     (trace,) = fig.data
     assert list(trace.y) == ["0 · node-a", "1 · node-a", "2 · node-b"]
-    assert list(trace.x) == [0, 10, 20, 25]
+    assert list(trace.x) == [0, 10, 20, 30]  # evenly spaced: plotly draws it as one image
     np.testing.assert_allclose(trace.z, hm.values, rtol=2e-3)
     assert np.isnan(trace.z[0, 2])
-    assert [s.y0 for s in fig.layout.shapes] == [1.5]  # one line between the two nodes
+    assert [s.path for s in fig.layout.shapes] == ["M0,1.5H1"]  # one line between the two nodes
     assert fig.layout.yaxis.autorange == "reversed"
 
 
@@ -164,6 +165,18 @@ def test_heatmap_colours_ignore_a_few_extreme_cells() -> None:
     lo, hi = figures.color_range(values)
     assert lo == pytest.approx(0.5)
     assert hi == pytest.approx(0.65)
+
+
+def test_row_percentiles_are_numpys_in_one_sort() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.random((50, 40)).astype(np.float32)
+    values[rng.random(values.shape) < 0.2] = np.nan
+    values[3] = np.nan  # a row without a value
+    q = np.array([10.0, 90.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = np.nanpercentile(values, q, axis=1)
+    np.testing.assert_allclose(figures.row_percentiles(values, q), expected, rtol=1e-6)
 
 
 def test_heatmap_labels_of_merged_rows_and_hostile_node_names() -> None:
