@@ -19,6 +19,9 @@ HEATMAP_METRICS = {
     "data_s": "data wait",
     "comm_wait_s": "comm wait",
 }
+STEP_AXIS_ONLY = """(relayout) => Object.keys(relayout || {}).some((k) => k.startsWith("xaxis."))
+    ? relayout : window.dash_clientside.no_update"""
+"""Passes on a heatmap relayout that moved the step axis (a zoom or its reset), no other."""
 
 
 def layout(job_id: str = "", **_query: str) -> html.Div:
@@ -37,6 +40,7 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
         [
             dcc.Store(id=ids.JOB_ID, data=job_id),
             dcc.Store(id=ids.JOB_LIVE_STATE, data=live.initial_state(page)),
+            dcc.Store(id=ids.JOB_HEATMAP_ZOOM),
             dcc.Interval(
                 id=ids.JOB_LIVE, interval=live.INTERVAL_MS, disabled=s.status != "running"
             ),
@@ -122,18 +126,27 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
 
 def register_callbacks(app: dash.Dash) -> None:
     """Heatmap re-reads (metric, statistic, zoom) and clicks that open a rank."""
+    # Only a relayout of the step axis goes to the server: plotly reports one too when a
+    # graph sizes itself after its first draw, a round trip at every page load.
+    app.clientside_callback(
+        STEP_AXIS_ONLY,
+        Output(ids.JOB_HEATMAP_ZOOM, "data"),
+        Input(ids.JOB_HEATMAP, "relayoutData"),
+        prevent_initial_call=True,
+    )
 
     @app.callback(
         Output(ids.JOB_HEATMAP, "figure"),
         Input(ids.JOB_HEATMAP_METRIC, "value"),
         Input(ids.JOB_HEATMAP_STAT, "value"),
-        Input(ids.JOB_HEATMAP, "relayoutData"),
+        Input(ids.JOB_HEATMAP_ZOOM, "data"),
         State(ids.JOB_ID, "data"),
         prevent_initial_call=True,
     )
     def reread_heatmap(metric: str, stat: str, relayout: dict[str, Any] | None, job_id: str) -> Any:
-        zoom = step_range(relayout) if dash.ctx.triggered_id == ids.JOB_HEATMAP else None
-        if dash.ctx.triggered_id == ids.JOB_HEATMAP and zoom is None:
+        zoomed = dash.ctx.triggered_id == ids.JOB_HEATMAP_ZOOM
+        zoom = step_range(relayout) if zoomed else None
+        if zoomed and zoom is None:
             return dash.no_update  # a relayout that changed no step range
         from_step, to_step = zoom if zoom else (None, None)
         engine = context.engine()
