@@ -87,11 +87,15 @@ def section(title: str, *children: Any, note: str | None = None) -> html.Section
 
 
 def graph(component_id: str, figure: Any) -> dcc.Graph:
-    """A graph without plotly's logo and with its toolbar on hover."""
+    """A graph without plotly's logo and with its toolbar on hover.
+
+    Not responsive: a graph keeps the width it first drew at when the window is resized,
+    where a responsive one sizes itself twice at every page load (~0.2 s for a job page).
+    """
     return dcc.Graph(
         id=component_id,
         figure=figure,
-        config={"displaylogo": False, "responsive": True},
+        config={"displaylogo": False},
         className="graph",
     )
 
