@@ -105,8 +105,12 @@ def test_jobs_page_lists_jobs_and_a_row_opens_the_job(
 
 def test_job_page_draws_the_ingested_values(browser: Any, site: Site, artifacts: Path) -> None:
     with tab(browser, site) as t:
+        requests: list[str] = []
+        t.page.on("request", lambda r: requests.append(r.url))
         t.open(f"/jobs/{MAIN}")
         t.screenshot(artifacts, "job")
+        plotly_loads = [url for url in requests if "plotly.min.js" in url]
+        assert len(plotly_loads) == 1  # started with the page, and the graphs waited for it
         per_step = (
             site.steps.group_by("step")
             .agg(pl.col("step_s").min().alias("lo"), pl.col("step_s").max().alias("hi"))
