@@ -193,9 +193,7 @@ class JobAnalyzer:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepscope-gpu") as gpu_pool:
             gpu = None
             if arrivals is not None and arrivals.first_gpu_ts is not None:
-                gpu = gpu_pool.submit(
-                    self._gpu, state, arrivals.first_gpu_ts, arrivals.last_gpu_ts
-                )
+                gpu = gpu_pool.submit(self._gpu, state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
             if lo is not None and state.first_step is not None and state.last_step is not None:
                 if state.plan is None:
                     num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
