@@ -134,7 +134,7 @@ def _encoded(batches: Iterator[pa.RecordBatch], format: str, table: str) -> Iter
     target = _schema(table)
     writer: Any = (
         pyarrow.parquet.ParquetWriter(
-            out, target, compression="snappy", use_dictionary=_dictionary_columns(target)
+            out, target, compression="snappy", use_dictionary=_dictionary_columns(table)
         )
         if format == "parquet"
         else pyarrow.csv.CSVWriter(out, target)
@@ -148,11 +148,11 @@ def _encoded(batches: Iterator[pa.RecordBatch], format: str, table: str) -> Iter
     yield sink.drain()
 
 
-def _dictionary_columns(target: pa.Schema) -> list[str]:
+def _dictionary_columns(table: str) -> list[str]:
     """Columns of few distinct values (ids, names, kinds, rank), dictionary-encoded in
-    parquet; the others are not: trying a dictionary on measurements costs 3x the CPU of the
-    whole encoding and makes the file larger."""
-    return [f.name for f in target if f.type == pa.string() or f.name == "rank"]
+    parquet; the others (measurements, JSON) are not: trying a dictionary on measurements
+    costs 3x the CPU of the whole encoding and makes the file larger."""
+    return [c.name for c in _spec(table).columns if c.dtype == "str" or c.name == "rank"]
 
 
 def _ndjson(batch: pa.RecordBatch, json_columns: list[str]) -> bytes:
