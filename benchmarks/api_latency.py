@@ -8,7 +8,10 @@ does both); then a real `stepscope serve` subprocess answers, per engine:
    payload bytes (goals: p99 <= 200 ms for summary, timeseries (2,000 points), ranks and
    heatmap; payloads <= 1 MB);
 2. the export of the steps table (parquet, csv, ndjson): rows/s through HTTP (goal >= 1M
-   rows/s for parquet) and the server's peak RSS above its idle RSS (goal: flat), beside the
+   rows/s for parquet); the CPU it took per row in the server (with its SQLite reader
+   processes), the database server (PostgreSQL) and the client, and so the rows/s this
+   machine's CPUs allow at that cost; the server's peak RSS above its idle RSS over the whole
+   export and over its first fifth (goal: flat, not growing with the rows sent); beside the
    same export in-process (query.export, no HTTP) and the bare read
    (frames.iter_batches, no encoding), which bound it.
 
@@ -18,6 +21,7 @@ does both); then a real `stepscope serve` subprocess answers, per engine:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -110,18 +114,27 @@ def latencies_ms(client: httpx.Client, path: str, params: dict[str, Any], repeat
 
 
 class PeakRss:
-    """Samples a process's resident memory every 20 ms while in use."""
+    """Samples the resident memory of a process and of its children every 20 ms while in use."""
 
     def __init__(self, process: psutil.Process) -> None:
         self.process = process
-        self.peak_bytes = 0
+        self.samples: list[tuple[float, int, int]] = []
+        """(seconds since start, process RSS, children's RSS)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
+        t0 = time.perf_counter()
         while not self._stop.wait(0.02):
-            rss = sum(p.memory_info().rss for p in [self.process, *self.process.children()])
-            self.peak_bytes = max(self.peak_bytes, rss)
+            children = sum(p.memory_info().rss for p in self.process.children())
+            self.samples.append(
+                (time.perf_counter() - t0, self.process.memory_info().rss, children)
+            )
+
+    def peak(self, until_s: float = float("inf")) -> tuple[int, int]:
+        """Peak (process RSS, children's RSS) over the samples taken before `until_s`."""
+        kept = [(own, kids) for t, own, kids in self.samples if t <= until_s] or [(0, 0)]
+        return max(own for own, _ in kept), max(kids for _, kids in kept)
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -130,6 +143,49 @@ class PeakRss:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class CpuMeter:
+    """CPU seconds used meanwhile by a server, its children (SQLite readers), the database
+    server's processes (PostgreSQL) and this process (the client); processes started
+    meanwhile count whole, ones that ended meanwhile are missed (the pools keep theirs)."""
+
+    def __init__(self, server: psutil.Process, engine: str) -> None:
+        self.server = server
+        self.engine = engine
+        self.used_s: dict[str, float] = {}
+
+    def _groups(self) -> dict[str, dict[int, float]]:
+        def times(processes: list[psutil.Process]) -> dict[int, float]:
+            out = {}
+            for p in processes:
+                try:
+                    cpu = p.cpu_times()
+                except psutil.Error:
+                    continue
+                out[p.pid] = cpu.user + cpu.system
+            return out
+
+        database = (
+            [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
+            if self.engine == "postgresql"
+            else []
+        )
+        return {
+            "server": times([self.server, *self.server.children(recursive=True)]),
+            "database": times(database),
+            "client": times([psutil.Process()]),
+        }
+
+    def __enter__(self) -> CpuMeter:
+        self._before = self._groups()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        after = self._groups()
+        for group, now in after.items():
+            then = self._before[group]
+            self.used_s[group] = sum(cpu - then.get(pid, 0.0) for pid, cpu in now.items())
 
 
 def timed(fn: Callable[[], int]) -> tuple[float, int]:
@@ -161,8 +217,12 @@ def bench(name: str, db_url: str, job: SynthJob, args: argparse.Namespace) -> No
                 marks.insert(0, f"p99 {verdict(p99 <= LATENCY_GOAL_MS)}")
             print(f"   {label:34s} {p50:7.1f} / {p99:7.1f} ms {size:>11,} B  [{', '.join(marks)}]")
 
-        print(f"\n2. export of the steps table ({num_steps:,} rows)")
-        idle_rss = sum(p.memory_info().rss for p in [server, *server.children()])
+        print(
+            f"\n2. export of the steps table ({num_steps:,} rows); CPU per row of the server "
+            "(with its SQLite reader processes), the database server and this client, and the "
+            f"rows/s that CPU allows on {os.cpu_count()} CPUs"
+        )
+        idle_rss = server.memory_info().rss
         for format in ("parquet", "csv", "ndjson"):
 
             def download(format: str = format) -> int:
@@ -175,19 +235,31 @@ def bench(name: str, db_url: str, job: SynthJob, args: argparse.Namespace) -> No
                         size += len(chunk)
                 return size
 
-            with PeakRss(server) as rss:
+            with PeakRss(server) as rss, CpuMeter(server, name) as cpu:
                 http_s, size = timed(download)
             rate = num_steps / http_s
-            grown = (rss.peak_bytes - idle_rss) / 2**20
             goal = (
                 f" [goal >= 1M rows/s: {verdict(rate >= EXPORT_GOAL_ROWS_S)}]"
                 if format == "parquet"
                 else ""
             )
             print(
-                f"   HTTP {format:8s} {rate:12,.0f} rows/s ({http_s:.2f} s, {size / 2**20:,.1f} "
-                f"MiB); server RSS {idle_rss / 2**20:,.0f} MiB idle, +{grown:,.0f} MiB at "
-                f"peak{goal}"
+                f"   HTTP {format:8s} {rate:12,.0f} rows/s ({http_s:.2f} s, "
+                f"{size / 2**20:,.1f} MiB){goal}"
+            )
+            ns = {group: used / num_steps * 1e9 for group, used in cpu.used_s.items()}
+            print(
+                f"     CPU per row: server {ns['server']:.0f} ns, database {ns['database']:.0f} "
+                f"ns, client {ns['client']:.0f} ns: at most "
+                f"{(os.cpu_count() or 1) / sum(ns.values()) * 1e9:,.0f} rows/s on this machine"
+            )
+            (own, readers), (own_early, _) = rss.peak(), rss.peak(http_s / 5)
+            grown, grown_early = (own - idle_rss) / 2**20, (own_early - idle_rss) / 2**20
+            print(
+                f"     server RSS {idle_rss / 2**20:,.0f} MiB idle, +{grown:,.0f} MiB at peak, "
+                f"+{grown_early:,.0f} MiB in the first fifth of "
+                f"the rows [goal flat]; its {len(server.children())} reader processes "
+                f"{readers / 2**20:,.0f} MiB at peak"
             )
             in_process_s, _ = timed(
                 lambda format=format: sum(

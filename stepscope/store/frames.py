@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from typing import Any, NamedTuple
 
 import adbc_driver_postgresql.dbapi
@@ -78,14 +79,17 @@ def read_frame(
     to_ts: float | None = None,
 ) -> pl.DataFrame:
     """The job's rows of `table` with step in [from_step, to_step], ts in [from_ts, to_ts)."""
-    query = _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
+    filters = (engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
+    query = _select(*filters)
     whole_table = (ranks, from_step, to_step, from_ts, to_ts) == (None,) * 5
     if whole_table and table != "ranks" and _is_sqlite_file(engine):
         # One SQLite reader decodes on one core: a job's whole table is read by two, a range
         # of ranks at a time (~1.8x as fast for 3M step rows on this 2-core machine).
         batches = iter_batches(engine, table, job_id, columns=columns, batch_rows=ROWS_PER_READ)
         return pl.DataFrame(pa.Table.from_batches(list(batches), schema=query.schema))
-    return pl.DataFrame(fetch_table(engine, query))
+    unfilled = _unfilled_columns(engine, table, job_id)
+    data, _ = _read_filled(engine, table, job_id, partial(_select, *filters), unfilled)
+    return pl.DataFrame(data)
 
 
 def _is_sqlite_file(engine: sa.Engine) -> bool:
@@ -131,16 +135,19 @@ def iter_batches(
     _select(engine, table, job_id, columns, from_step, to_step, ranks, from_ts, to_ts)
     per_read = max(1, ROWS_PER_READ // _rows_per_rank(engine, table, job_id))
     filters = (engine, table, job_id, columns, from_step, to_step)
+    chunks: list[Callable[[frozenset[str]], Select]]
     if ranks is None:  # the job's ranks, a range of them a read: along the key, no sort
         job_ranks = read_frame(engine, "ranks", job_id, columns=["rank"])["rank"].to_list()
         chunks = [
-            _select(*filters, None, from_ts, to_ts, rank_range=(part[0], part[-1]))
+            partial(_select, *filters, None, from_ts, to_ts, rank_range=(part[0], part[-1]))
             for part in _parts(job_ranks, per_read)
         ]
     else:
         listed = sorted(set(ranks))
-        chunks = [_select(*filters, part, from_ts, to_ts) for part in _parts(listed, per_read)]
-    return _fetched_in_order(engine, chunks, batch_rows)
+        chunks = [
+            partial(_select, *filters, part, from_ts, to_ts) for part in _parts(listed, per_read)
+        ]
+    return _fetched_in_order(engine, table, job_id, chunks, batch_rows)
 
 
 def _parts(values: list[int], size: int) -> list[list[int]]:
@@ -162,14 +169,25 @@ def _rows_per_rank(engine: sa.Engine, table: str, job_id: str) -> int:
 
 
 def _fetched_in_order(
-    engine: sa.Engine, chunks: list[Select], batch_rows: int
+    engine: sa.Engine,
+    table: str,
+    job_id: str,
+    chunks: list[Callable[[frozenset[str]], Select]],
+    batch_rows: int,
 ) -> Iterator[pa.RecordBatch]:
     """The chunks' rows in order, the next chunk read while this one is consumed."""
+    unfilled = _unfilled_columns(engine, table, job_id)
+
+    def read(chunk: Callable[[frozenset[str]], Select]) -> pa.Table:
+        nonlocal unfilled
+        data, unfilled = _read_filled(engine, table, job_id, chunk, unfilled)
+        return data
+
     with ThreadPoolExecutor(max_workers=_READS_IN_FLIGHT) as pool:
         pending: deque[Future[pa.Table]] = deque()
         try:
             for chunk in chunks:
-                pending.append(pool.submit(fetch_table, engine, chunk))
+                pending.append(pool.submit(read, chunk))
                 if len(pending) < _READS_IN_FLIGHT:
                     continue
                 yield from pending.popleft().result().to_batches(max_chunksize=batch_rows)
@@ -178,6 +196,39 @@ def _fetched_in_order(
         finally:
             for future in pending:
                 future.cancel()
+
+
+def _unfilled_columns(engine: sa.Engine, table: str, job_id: str) -> frozenset[str]:
+    """The optional columns of `table` in which the job has stored no value (job_columns)."""
+    if table not in tables.RECORD_TABLES:
+        return frozenset()
+    jc = tables.job_columns
+    query = sa.select(jc.c.column_name).where(
+        jc.c.job_id == job_id, jc.c.table_name == FRAME_TABLES[table].name
+    )
+    with engine.connect() as conn:
+        filled = set(conn.execute(query).scalars())
+    return frozenset(tables.OPTIONAL_COLUMNS[table]) - filled
+
+
+def _read_filled(
+    engine: sa.Engine,
+    table: str,
+    job_id: str,
+    select: Callable[[frozenset[str]], Select],
+    unfilled: frozenset[str],
+) -> tuple[pa.Table, frozenset[str]]:
+    """The rows of `select(unfilled)`, whose columns in `unfilled` are not read but null, and
+    the job's unfilled columns after the read. A value stored meanwhile in one of them (the
+    rows and job_columns commit together) makes the read run again with that column."""
+    while True:
+        data = fetch_table(engine, select(unfilled))
+        if not unfilled:
+            return data, unfilled
+        after = _unfilled_columns(engine, table, job_id)
+        if unfilled <= after:
+            return data, after
+        unfilled = after
 
 
 class Select(NamedTuple):
@@ -190,6 +241,8 @@ class Select(NamedTuple):
     """Whether the first row only types the result (SQLite) and is to be dropped."""
     setup: str | None
     """PostgreSQL: binds `params` to the transaction-local settings that `sql` reads."""
+    unread: tuple[str, ...] = ()
+    """Columns of `schema` not read: null in every row of the job."""
 
 
 def _select(
@@ -202,10 +255,12 @@ def _select(
     ranks: Sequence[int] | None,
     from_ts: float | None,
     to_ts: float | None,
+    unfilled: frozenset[str] = frozenset(),
     *,
     rank_range: tuple[int, int] | None = None,
 ) -> Select:
-    """The SQL and bound parameters of a read: every filter is in the WHERE clause."""
+    """The SQL and bound parameters of a read: every filter is in the WHERE clause; columns
+    in `unfilled` (null in every row of the job) are not read but filled with nulls."""
     target = arrow_schema(table, columns)
     dialect = engine.dialect.name
     spec = schema.TABLES[FRAME_TABLES[table].name]
@@ -260,7 +315,8 @@ def _select(
     # Key columns (never NULL) are selected as stored, so the primary-key index gives the
     # order; the others are CAST to their type. Keys not asked for are dropped after reading.
     keys = spec.key[1:]
-    names = [*target.names, *(k for k in keys if k not in target.names)]
+    read = [n for n in target.names if n not in unfilled]
+    names = [*read, *(k for k in keys if k not in target.names)]
     sql_type = {n: _SQL_TYPES[dialect][spec.column(n).dtype] for n in names}
     select = ", ".join(
         f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]}) AS "{n}"' for n in names
@@ -280,14 +336,21 @@ def _select(
         )
         setup = f"SELECT {', '.join(settings)}"
     sql += " ORDER BY " + ", ".join(str(names.index(k) + 1) for k in keys)
-    return Select(sql, params, target, typing_row=dialect == "sqlite", setup=setup)
+    skipped = tuple(n for n in target.names if n in unfilled)
+    return Select(sql, params, target, dialect == "sqlite", setup, unread=skipped)
 
 
 def _conform(data: pa.Table, query: Select) -> pa.Table:
     """`query`'s result without the typing row, in its schema."""
     if query.typing_row:
         data = data.slice(1)
-    arrays = [data.column(i).cast(field.type) for i, field in enumerate(query.schema)]
+    read = iter(data.columns)  # the columns read come first, in the schema's order
+    arrays = [
+        pa.nulls(data.num_rows, field.type)
+        if field.name in query.unread
+        else next(read).cast(field.type)
+        for field in query.schema
+    ]
     return pa.Table.from_arrays(arrays, schema=query.schema)
 
 

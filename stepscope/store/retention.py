@@ -14,9 +14,11 @@ RAW_TABLES = (
     tables.collectives,
     tables.gpu_samples,
     tables.events,
+    tables.job_columns,
     cast(sa.Table, tables.IngestBatch.__table__),
 )
-"""What `prune --keep-rollups` deletes: the raw rows and the batches' idempotency keys."""
+"""What `prune --keep-rollups` deletes: the raw rows, which of their columns hold values and
+the batches' idempotency keys."""
 DERIVED_TABLES = (
     *tables.ROLLUP_TABLES,
     tables.webhook_deliveries,

@@ -96,6 +96,23 @@ class IngestBatch(Base):
 
 sa.Index("ix_ingest_batches_job_id_received_at", IngestBatch.job_id, IngestBatch.received_at)
 
+job_columns = sa.Table(
+    "job_columns",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("table_name", sa.String(), primary_key=True),
+    sa.Column("column_name", sa.String(), primary_key=True),
+)
+"""The optional columns of a record table in which a job has stored a value, written with
+the rows. Reads skip the others (null in every row of the job): a reader decodes a null at
+about the cost of a value, and profilers leave whole columns empty (phases not marked)."""
+
+OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(c.name for c in table.columns if c.nullable)
+    for name, table in RECORD_TABLES.items()
+}
+"""Wire-batch section name → the nullable columns of its table (those job_columns tracks)."""
+
 
 class ApiToken(Base):
     """A bearer token; only its SHA-256 is stored."""

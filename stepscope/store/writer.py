@@ -238,6 +238,9 @@ class BatchWriter:
                 merged = _concat([p.sections[name] for p in fresh if name in p.sections])
                 if merged:
                     insert_ignoring_duplicates(conn, table, merged)
+            filled = _filled_columns(fresh)
+            if filled:
+                conn.execute(_RECORD_FILLED, filled)
         return results
 
 
@@ -256,6 +259,28 @@ def _claim(conn: sa.Connection, group: list[_Pending], now: float) -> set[tuple[
         )
         claimed.update(tuple(r) for r in result)
     return claimed
+
+
+_RECORD_FILLED = sa.text(
+    "INSERT INTO job_columns (job_id, table_name, column_name) "
+    "VALUES (:job_id, :table_name, :column_name) ON CONFLICT DO NOTHING"
+)
+
+
+def _filled_columns(fresh: list[_Pending]) -> list[dict[str, str]]:
+    """(job, table, column) of each optional column that holds a value in some batch."""
+    filled: set[tuple[str, str, str]] = set()
+    for pending in fresh:
+        for name, section in pending.sections.items():
+            table_name = tables.RECORD_TABLES[name].name
+            for column in tables.OPTIONAL_COLUMNS[name]:
+                values = section.get(column)
+                if values is not None and any(v is not None for v in values):
+                    filled.add((pending.job["job_id"], table_name, column))
+    return [
+        {"job_id": job_id, "table_name": table_name, "column_name": column}
+        for job_id, table_name, column in sorted(filled)
+    ]
 
 
 def _job_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from polars.testing import assert_frame_equal
 
-from stepscope.store import frames, queries
+from stepscope.store import frames, queries, tables
 from stepscope.store.engine import make_engine
 from stepscope.store.frames import arrow_schema, iter_batches, read_frame
 from stepscope.store.migrate import upgrade
@@ -266,6 +266,72 @@ def test_a_streamed_read_of_many_reads_keeps_the_order_and_rows_of_one_read(
     ranks = pl.DataFrame(pa.Table.from_batches(list(iter_batches(engine, "steps", JOB))))["rank"]
     assert ranks.unique(maintain_order=True).to_list() == [0, 2, 5, 7, 9]
     assert ranks.len() == 150
+
+
+def filled_columns(engine: sa.Engine, job_id: str = JOB) -> set[tuple[str, str]]:
+    jc = tables.job_columns
+    query = sa.select(jc.c.table_name, jc.c.column_name).where(jc.c.job_id == job_id)
+    with engine.connect() as conn:
+        return {(t, c) for t, c in conn.execute(query)}
+
+
+def test_columns_a_job_never_filled_are_recorded_and_read_back_as_nulls(engine: sa.Engine) -> None:
+    rank0 = steps(0, [0, 1], forward_s=[None, None], tokens=[5, None])
+    store(engine, 0, steps=rank0, events={"ts": [1.0], "kind": ["custom"], "message": ["m"]})
+    store(engine, 1, job_id="job-b", steps=steps(1, [0], flops=[1e12]))
+
+    assert filled_columns(engine) == {("steps", "tokens"), ("events", "message")}
+    assert filled_columns(engine, "job-b") == {("steps", "flops")}
+    query = frames._select(engine, "steps", JOB, None, None, None, None, None, None)
+    assert query.unread == ()
+    skipping = frames._select(
+        engine,
+        "steps",
+        JOB,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        frames._unfilled_columns(engine, "steps", JOB),
+    )
+    assert "forward_s" in skipping.unread
+    assert "tokens" not in skipping.unread
+    assert '"forward_s"' not in skipping.sql
+    expected = steps_frame(rows_of(0, rank0))
+    assert_frame_equal(read_frame(engine, "steps", JOB), expected)
+    streamed = pa.Table.from_batches(list(iter_batches(engine, "steps", JOB)))
+    assert_frame_equal(pl.DataFrame(streamed), expected)
+    with engine.connect() as conn:  # nothing else was written: the nulls are the stored rows
+        stored = pl.read_database(sa.select(tables.steps).where(tables.steps.c.job_id == JOB), conn)
+    assert_frame_equal(stored.sort("rank", "step"), expected, check_dtypes=False)
+
+
+def test_a_column_first_filled_by_a_later_batch_or_during_a_read_is_read(
+    engine: sa.Engine,
+) -> None:
+    store(engine, 0, steps=steps(0, [0, 1]))
+    assert read_frame(engine, "steps", JOB)["forward_s"].null_count() == 2
+    store(engine, 0, steps=steps(0, [2], forward_s=[0.125]))
+    assert read_frame(engine, "steps", JOB)["forward_s"].to_list() == [None, None, 0.125]
+
+    # A batch committed between the look-up of the unfilled columns and the read of the rows:
+    # the read sees its row, and its value too.
+    unfilled = frames._unfilled_columns(engine, "steps", JOB)
+    assert "backward_s" in unfilled
+    selects: list[frozenset[str]] = []
+
+    def select(skipped: frozenset[str]) -> frames.Select:
+        if not selects:
+            store(engine, 1, steps=steps(1, [0], backward_s=[0.5]))
+        selects.append(skipped)
+        return frames._select(engine, "steps", JOB, None, None, None, None, None, None, skipped)
+
+    data, after = frames._read_filled(engine, "steps", JOB, select, unfilled)
+    assert pl.DataFrame(data)["backward_s"].to_list() == [None, None, None, 0.5]
+    assert [("backward_s" in s) for s in selects] == [True, False]
+    assert "backward_s" not in after
 
 
 def test_reads_see_rows_written_after_an_earlier_read(engine: sa.Engine) -> None:

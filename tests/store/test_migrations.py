@@ -7,8 +7,10 @@ import sys
 
 import sqlalchemy as sa
 
+from stepscope.store import frames
 from stepscope.store.engine import make_engine
-from stepscope.store.migrate import current_revision, head_revision
+from stepscope.store.frames import read_frame
+from stepscope.store.migrate import current_revision, head_revision, upgrade
 
 EXPECTED_TABLES = {
     "jobs",
@@ -27,6 +29,7 @@ EXPECTED_TABLES = {
     "job_summaries",
     "analysis_state",
     "webhook_deliveries",
+    "job_columns",
     "alembic_version",
 }
 
@@ -74,3 +77,25 @@ def test_server_refuses_an_unmigrated_postgres_database(empty_db_url: str) -> No
     assert out.returncode == 2
     assert "stepscope db upgrade" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_jobs_stored_before_job_columns_keep_every_column_on_read(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
+    upgrade(engine, "0003")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO jobs (job_id, status, started_at) VALUES ('old', 'running', 1.0)")
+        )
+        conn.execute(sa.text("INSERT INTO ranks (job_id, rank, node) VALUES ('old', 0, 'n0')"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO steps (job_id, rank, step, ts, step_s, data_s, forward_s) "
+                "VALUES ('old', 0, 0, 1.0, 0.5, 0.1, 0.25)"
+            )
+        )
+
+    upgrade(engine)
+
+    assert read_frame(engine, "steps", "old", columns=["step", "forward_s"]).rows() == [(0, 0.25)]
+    assert not frames._unfilled_columns(engine, "steps", "old")
+    engine.dispose()
