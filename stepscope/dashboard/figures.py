@@ -34,9 +34,16 @@ HEATMAP_KEEP_BITS = 10
 MAX_NODE_LINES = 128
 """Node separators are drawn on a heatmap of at most this many nodes."""
 _CHANGE_KINDS = ("throughput_drop", "throughput_gain", "mfu_low")
-# plotly_white as plotly's default template rather than in each figure's layout, where
-# plotly validates a copy of it per figure (~15 ms, a third of building a figure).
-pio.templates.default = "plotly_white"
+# The template as plotly's default rather than in each figure's layout, where plotly
+# validates a copy of it per figure (~15 ms, a third of building a figure).
+# plotly.js hides a tick label that would overflow the graph by default, measuring every
+# label's box first (a forced layout each: ~90 ms of a job page's drawing); the margins
+# hold the labels, so they are drawn without that check.
+_TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
+_TEMPLATE.layout.xaxis.ticklabeloverflow = "allow"
+_TEMPLATE.layout.yaxis.ticklabeloverflow = "allow"
+pio.templates["stepscope"] = _TEMPLATE
+pio.templates.default = "stepscope"
 LABEL_CHAR_PX = 7
 """Width of a tick label's character (plotly's 12 px font), to fit a margin to labels."""
 COLORBAR_PX = 140
@@ -345,7 +352,10 @@ def heatmap_figure(hm: Heatmap | None) -> go.Figure:
             "colorscale": HEATMAP_SCALE,
             "cmin": lo,
             "cmax": hi,
-            "colorbar": {"title": {"text": _metric_title(hm.metric)}},
+            "colorbar": {
+                "title": {"text": _metric_title(hm.metric)},
+                "ticklabeloverflow": "allow",
+            },
         },
         "xaxis": {"title": {"text": "step"}},
         "yaxis": {"title": {"text": "rank · node"}, "autorange": "reversed", "type": "category"},
