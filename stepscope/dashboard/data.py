@@ -23,8 +23,9 @@ MAX_POINTS = 2000
 """Points of a step series; more than a chart is wide, a spike stays (MinMaxLTTB)."""
 GPU_POINTS = rollups.MAX_BUCKETS
 """Time buckets of GPU telemetry: all the rollup holds (fewer re-buckets every device)."""
-HEATMAP_CELLS = 400_000
-"""Cells of a rank × step heatmap: ~0.55 MB on the wire (figures.round_mantissa)."""
+HEATMAP_CELLS = 200_000
+"""Cells of a rank × step heatmap: ~0.3 MB on the wire (figures.round_mantissa); at 1,024
+ranks ~190 columns, enough to show when a rank or node slowed (a zoom re-reads finer)."""
 HEATMAP_MAX_RANKS = 1024
 """Up to this many ranks, every rank has its own heatmap row."""
 HEATMAP_STEPS = (100, 800)

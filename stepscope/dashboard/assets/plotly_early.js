@@ -5,6 +5,10 @@
  * (~1 s). Loaded here, the two overlap. Until the script has run, window.Plotly is a promise
  * of it: dcc.Graph waits on `Promise.resolve(window.Plotly || <its own loader>)`, and
  * plotly.js replaces window.Plotly with itself when it runs.
+ *
+ * dcc.Graph's lazy chunk is preloaded too: dcc fetches it when the first graph renders,
+ * which on a large page comes after plotly.js has run (the page's layout waits for the main
+ * thread), a round trip more before the first graph draws.
  */
 (function () {
     var config = JSON.parse(document.getElementById("_dash-config").textContent);
@@ -21,4 +25,11 @@
         script.onerror = reject;
     });
     document.head.appendChild(script);
+    if (config.serve_locally) {
+        var chunk = document.createElement("link");
+        chunk.rel = "preload";
+        chunk.as = "script";
+        chunk.href = config.requests_pathname_prefix + "_dash-component-suites/dash/dcc/async-graph.js";
+        document.head.appendChild(chunk);
+    }
 })();
