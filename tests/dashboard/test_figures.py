@@ -280,9 +280,30 @@ def test_gpu_panels_mark_throttling_with_reasons_in_words() -> None:
     )
     fig = figures.gpu_figure(gpu)
     throttled = next(t for t in fig.data if t.name == "throttled")
-    assert throttled.hovertext == ("software power cap, software thermal slowdown",)
+    # the clock line over the throttled bucket, to the bucket's end
+    assert throttled.x == (ts[1] * 1e3, (ts[1] + 1) * 1e3, None)
+    assert throttled.y == (2.0, 2.0, None)
+    reasons = "software power cap, software thermal slowdown"
+    assert throttled.hovertext == (reasons, reasons, None)
     assert len([t for t in fig.data if t.name == "median device"]) == len(figures.GPU_PANELS)
     assert figures.gpu_figure(None).layout.annotations[0].text.startswith("No GPU telemetry")
+
+
+def test_throttling_is_drawn_as_one_line_per_run_of_a_devices_throttled_buckets() -> None:
+    # device 0 throttled in buckets 0-1 (power, then thermal) and 3; device 1 in bucket 1;
+    # a gap in device 1's samples ends its run
+    when = np.array([0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 3.0]) * 1e3
+    device = np.array([0, 0, 0, 0, 1, 1, 1])
+    clock = np.array([10.0, 11.0, 12.0, 13.0, 20.0, 21.0, 23.0])
+    reasons = np.array([0x4, 0x20, 0, 0x4, 0, 0x4, 0x4])
+
+    trace = figures.throttled_trace(when, clock, reasons, device, 1e3)
+
+    assert trace.x == (0.0, 1e3, 2e3, None, 3e3, 4e3, None, 1e3, 2e3, None, 3e3, 4e3, None)
+    assert trace.y == (10.0, 11.0, 11.0, None, 13.0, 13.0, None, 21.0, 21.0, None, 23.0, 23.0, None)
+    power, thermal = "software power cap", "software thermal slowdown"
+    assert trace.hovertext[:4] == (power, thermal, thermal, None)
+    assert trace.mode == "lines"
 
 
 def test_live_traces_are_json_with_typed_arrays() -> None:
