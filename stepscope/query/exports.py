@@ -28,6 +28,9 @@ MEDIA_TYPES = {
 }
 BATCH_ROWS = 65536
 """Rows read, converted and sent at a time: the export's memory does not grow with the job."""
+TEXT_CHUNK_ROWS = 8192
+"""Rows of csv or ndjson encoded and sent at a time: a chunk waits whole in the server's send
+buffer, and a batch's text is ~5x its arrow size."""
 READ_AHEAD = 2
 """Batches read while the previous ones are encoded (the read waits mostly on the database)."""
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "json": pa.string()}
@@ -126,7 +129,7 @@ def _json_text(value: Any) -> str | None:
 def _encoded(batches: Iterator[pa.RecordBatch], format: str, table: str) -> Iterator[bytes]:
     if format == "ndjson":
         json_columns = [c.name for c in _spec(table).columns if c.dtype == "json"]
-        for batch in batches:
+        for batch in _sliced(batches, TEXT_CHUNK_ROWS):
             yield _ndjson(batch, json_columns)
         return
     sink = _Sink()
@@ -139,13 +142,19 @@ def _encoded(batches: Iterator[pa.RecordBatch], format: str, table: str) -> Iter
         if format == "parquet"
         else pyarrow.csv.CSVWriter(out, target)
     )
-    for batch in batches:
-        writer.write_batch(batch)
+    for batch in batches if format == "parquet" else _sliced(batches, TEXT_CHUNK_ROWS):
+        writer.write_batch(batch)  # a parquet row group of each batch
         chunk = sink.drain()
         if chunk:
             yield chunk
     writer.close()
     yield sink.drain()
+
+
+def _sliced(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
 
 
 def _dictionary_columns(table: str) -> list[str]:

@@ -38,10 +38,11 @@ def test_steps_export_reads_back_equal_to_the_stored_rows(
     stored: Stored, format: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(exports, "BATCH_ROWS", 5000)  # several batches, streamed one by one
+    monkeypatch.setattr(exports, "TEXT_CHUNK_ROWS", 1500)  # csv, ndjson: a batch in 4 pieces
     chunks = list(query.export(stored.engine, JOB, "steps", format))
     expected = stored_steps(stored)
 
-    assert len(chunks) > 2
+    assert len(chunks) > (2 if format == "parquet" else 8)
     back = read_back(b"".join(chunks), format, expected)
     assert back.columns == list(schema.STEPS.names)
     assert_frame_equal(back, expected)
