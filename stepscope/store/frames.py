@@ -3,30 +3,26 @@
 Rows come ordered by the table's natural key: steps (rank, step), collectives (rank, step,
 op), gpu (rank, gpu_index, ts), events (rank, ts, kind), ranks (rank). Columns have the
 canonical dtypes of `stepscope.schema` (str and json → String, int → Int64, float →
-Float64) whatever the values; JSON columns are JSON text. PostgreSQL reads use a small pool
-of ADBC connections per engine; SQLite files are read by ADBC in a helper process (see
-stepscope.store.sqlite_reader for why), an in-memory SQLite database through SQLAlchemy.
+Float64) whatever the values; JSON columns are JSON text. PostgreSQL reads use a small
+pool of ADBC connections per engine (stepscope.store.pg_reader); SQLite files are read by
+ADBC in a helper process (see stepscope.store.sqlite_reader for why), an in-memory SQLite
+database through SQLAlchemy.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any, NamedTuple
 
-import adbc_driver_postgresql.dbapi
 import polars as pl
 import pyarrow as pa
 import sqlalchemy as sa
-from adbc_driver_manager import dbapi
 
 from stepscope import schema
-from stepscope.store import sqlite_reader, tables
+from stepscope.store import pg_reader, sqlite_reader, tables
 
 FRAME_TABLES: dict[str, sa.Table] = {**tables.RECORD_TABLES, "ranks": tables.ranks}
 """Frame name → table."""
@@ -48,8 +44,6 @@ _BATCH_COUNTS = {
     "events": "num_events",
 }
 """Frame table → the column of ingest_batches that counts its rows."""
-_MAX_IDLE_CONNECTIONS = 8
-"""Idle ADBC connections kept per engine: a PostgreSQL connect costs ~40 ms, a small read ~1 ms."""
 
 
 def arrow_schema(table: str, columns: Sequence[str] | None = None) -> pa.Schema:
@@ -106,7 +100,7 @@ def fetch_table(engine: sa.Engine, query: Select) -> pa.Table:
     if engine.dialect.name == "sqlite":
         data = sqlite_reader.fetch(uri, query.sql, query.params, typing_row=query.typing_row)
         return _conform(data, query)
-    with _cursor(engine, uri, query) as cursor:
+    with pg_reader.cursor(engine, uri, query.sql, query.params, query.setup) as cursor:
         return _conform(cursor.fetch_arrow_table(), query)
 
 
@@ -362,9 +356,6 @@ def _read_through_sqlalchemy(engine: sa.Engine, query: Select) -> pa.Table:
     return _conform(rows.to_arrow(), query)
 
 
-# --- ADBC connections ---------------------------------------------------------------------
-
-
 def _adbc_uri(url: sa.URL) -> str | None:
     """The ADBC URI of a PostgreSQL or SQLite-file database; None for in-memory SQLite."""
     backend = url.get_backend_name()
@@ -375,82 +366,3 @@ def _adbc_uri(url: sa.URL) -> str | None:
     if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
         return None
     return url.database
-
-
-class _Pool:
-    """Idle ADBC connections to one database; a connection serves one thread at a time."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self._idle: list[dbapi.Connection] = []
-        self._lock = threading.Lock()
-
-    def connect(self) -> dbapi.Connection:
-        # autocommit: no PostgreSQL session stays idle in transaction between reads.
-        return adbc_driver_postgresql.dbapi.connect(self.uri, autocommit=True)
-
-    @contextmanager
-    def cursor(self, query: Select) -> Iterator[dbapi.Cursor]:
-        """A cursor that executed `query`; a connection that failed is closed, not reused."""
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        reused, conn = conn is not None, conn or self.connect()
-        try:
-            try:
-                cursor = _execute(conn, query)
-            except dbapi.Error:
-                if not reused:
-                    raise
-                conn.close()  # the server may have closed it while idle: retry on a new one
-                conn = self.connect()
-                cursor = _execute(conn, query)
-            try:
-                yield cursor
-                if query.setup is not None:
-                    cursor.execute("COMMIT")
-            finally:
-                cursor.close()
-        except BaseException:  # a stream left half-read too: that connection is not reused
-            conn.close()
-            raise
-        with self._lock:
-            if len(self._idle) < _MAX_IDLE_CONNECTIONS:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def close(self, *_: Any) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-_pools: weakref.WeakKeyDictionary[sa.Engine, _Pool] = weakref.WeakKeyDictionary()
-_pools_lock = threading.Lock()
-
-
-def _cursor(engine: sa.Engine, uri: str, query: Select) -> AbstractContextManager[dbapi.Cursor]:
-    """A pooled cursor that executed `query`; the pool is emptied by `engine.dispose()`."""
-    with _pools_lock:
-        pool = _pools.get(engine)
-        if pool is None:
-            pool = _pools[engine] = _Pool(uri)
-            sa.event.listen(engine, "engine_disposed", pool.close)
-            weakref.finalize(engine, pool.close)  # closes its connections with the engine
-    return pool.cursor(query)
-
-
-def _execute(conn: dbapi.Connection, query: Select) -> dbapi.Cursor:
-    """A cursor of `conn` that executed `query` (closed if that failed)."""
-    cursor = conn.cursor()
-    try:
-        if query.setup is None:
-            return cursor.execute(query.sql, query.params)
-        cursor.execute("BEGIN")  # committed by _Pool.cursor once the result is read
-        cursor.execute(query.setup, query.params)
-        cursor.fetchall()
-        return cursor.execute(query.sql)
-    except BaseException:
-        cursor.close()
-        raise
