@@ -28,7 +28,7 @@ GPU_COLUMNS = ("rank", "ts", "sm_clock_mhz", "power_w", "temp_c", "throttle_reas
 
 
 def generate(directory: Path, num_ranks: int, num_steps: int) -> None:
-    from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
+    from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
     spec = JobSpec(
         job_id="scale",

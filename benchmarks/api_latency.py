@@ -1,6 +1,6 @@
 """REST API latency and payloads through real HTTP (DESIGN §7), on SQLite and PostgreSQL.
 
-A job of --ranks × --steps (default 1024 × 10,000, as stepscope.synth makes it, with
+A job of --ranks × --steps (default 1024 × 10,000, as stepscope.synthetic.generate makes it, with
 stragglers) is stored through the store's bulk writer and analysed (benchmarks/query_scale.py
 does both); then a real `stepscope serve` subprocess answers, per engine:
 
@@ -42,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from query_scale import JOB_ID, run, store_batches  # noqa: E402
 
 from stepscope import query  # noqa: E402
-from stepscope.api.analyzer import JobAnalyzer  # noqa: E402
+from stepscope.pipeline.job_pass import JobAnalyzer  # noqa: E402
 from stepscope.store import frames  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
-from stepscope.synth import SynthJob  # noqa: E402
-from tests.server import free_port, wait_healthy  # noqa: E402
+from stepscope.synthetic.generate import SynthJob  # noqa: E402
+from tests.live_server import free_port, wait_healthy  # noqa: E402
 
 LATENCY_GOAL_MS = 200.0
 PAYLOAD_GOAL_BYTES = 1_000_000

@@ -3,7 +3,7 @@
 Each trial is a history of 10 baseline jobs and one 200-step candidate, all of 8 ranks with
 a warm-up, rare spikes and a run-to-run drift of the job level (0.5%). Two noise models:
 
-- synth: stepscope.synth (independent 2% per-rank noise of data, compute and transfer);
+- synth: synthetic.generate (independent 2% per-rank noise of data, compute and transfer);
 - ar1: this script's own model, with AR(1)-correlated job-wide compute noise (rho 0.7),
   log-normal per-rank noise, heavy-tailed data stalls and AR(1) transfer noise.
 
@@ -36,7 +36,7 @@ import polars as pl
 from stepscope.analysis.regression import CheckConfig, JobData, check_regression, job_from_steps
 from stepscope.analysis.steady import job_metrics
 from stepscope.analysis.student_t import t_sf
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 
 NUM_RANKS = 8
 NUM_STEPS = 200
@@ -58,7 +58,7 @@ Make = Callable[..., pl.DataFrame]
 def synth_steps(
     seed: int, component: str | None, effect: float, rank: int | None, *, drift: float = DRIFT
 ) -> pl.DataFrame:
-    """A stepscope.synth job, its level drifted, with a regression on all ranks (or one)."""
+    """A synthetic.generate job, its level drifted, with a regression on all ranks (or one)."""
     rng = np.random.default_rng(seed + 10_000_000)
     base = BASE_STEP_S * math.exp(rng.normal(0.0, drift))
     stragglers: tuple[Straggler, ...] = ()

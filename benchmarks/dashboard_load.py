@@ -1,6 +1,6 @@
 """The job page of a large job in headless Chromium, beside the framework's floor (DESIGN §7).
 
-A job (steps, collectives and GPU samples as stepscope.synth makes them, with stragglers
+A job (steps, collectives and GPU samples as synthetic.generate makes them, with stragglers
 and a slow node; benchmarks/query_scale.py's make_job) is stored through the bulk writer
 and analysed; `stepscope serve`'s app then runs on a loopback port with one extra page,
 /floor, holding a single empty graph: what any Dash page with a graph costs on this
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from query_scale import JOB_ID, make_job, store_batches  # noqa: E402
 
-from stepscope.api.analyzer import JobAnalyzer  # noqa: E402
+from stepscope.pipeline.job_pass import JobAnalyzer  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
-from tests.server import free_port, wait_healthy  # noqa: E402
+from tests.live_server import free_port, wait_healthy  # noqa: E402
 
 CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -59,8 +59,8 @@ NEW_STEPS = 100
 SERVER = """
 import sys, uvicorn, dash, plotly.graph_objects as go
 from dash import dcc
-from stepscope.api.app import create_app
-from stepscope.api.settings import Settings
+from stepscope.server.app import create_app
+from stepscope.server.settings import Settings
 app = create_app(Settings(database_url=sys.argv[1], analyze_interval_s=0))
 dash.register_page("floor", path="/floor", layout=lambda **_: dcc.Graph(figure=go.Figure()))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")

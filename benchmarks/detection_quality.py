@@ -3,7 +3,7 @@
 Every job is synchronous data parallelism: per step each rank loads its batch and computes,
 the all-reduce completes after the last rank arrives, and every rank's step ends together.
 The per-rank per-step jitter comes from one of three models:
-- synth: the simulator (stepscope.synth): Gaussian jitter of data, compute and transfer,
+- synth: the simulator (synthetic.generate): Gaussian jitter of data, compute and transfer,
   a persistent per-rank offset (rank_bias 0.5%), rare spikes; stragglers of every cause
   (compute, data, communication, throttled GPU);
 - lognormal: lognormal compute, data and transfer jitter, rare 3x compute spikes;
@@ -48,7 +48,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis import analyze
-from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
 MODELS = ("synth", "lognormal", "ar1")
 SIZES = (0.02, 0.03, 0.05, 0.08, 0.12)
@@ -180,7 +180,7 @@ def _walks(rng: np.random.Generator, count: int) -> np.ndarray:
 
 
 def _own_model_job(case: Case) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
-    """A lognormal or ar1 job, generated here (independently of stepscope.synth)."""
+    """A lognormal or ar1 job, generated here (independently of synthetic.generate)."""
     rng = np.random.default_rng(case.seed)
     n, r = NUM_STEPS, case.num_ranks
     level, noise = _profile(case, rng)

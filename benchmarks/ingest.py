@@ -28,13 +28,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
-from stepscope.simulate import batch_rounds  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
 from stepscope.store.writer import insert_ignoring_duplicates  # noqa: E402
-from stepscope.synth import JobSpec, generate  # noqa: E402
-from tests.server import run_server  # noqa: E402
+from stepscope.synthetic.generate import JobSpec, generate  # noqa: E402
+from stepscope.synthetic.stream import batch_rounds  # noqa: E402
+from tests.live_server import run_server  # noqa: E402
 from tests.support import fresh_postgres_database  # noqa: E402
 
 

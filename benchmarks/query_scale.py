@@ -1,6 +1,6 @@
 """The read path at scale (DESIGN §6–7): a 1024-rank × 10,000-step job on SQLite and PostgreSQL.
 
-The job (steps, collectives and GPU samples as stepscope.synth makes them, with stragglers)
+The job (steps, collectives and GPU samples as synthetic.generate makes them, with stragglers)
 is stored through the store's own bulk writer (BatchWriter: group commit, executemany on
 SQLite, binary COPY on PostgreSQL), all but its last 100 steps; a full analysis builds the
 rollups. Then, per engine, next to the limit or the previous code path in the same run:
@@ -44,13 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope import query, schema  # noqa: E402
 from stepscope.analysis import analyze  # noqa: E402
-from stepscope.api import analyzer  # noqa: E402
-from stepscope.api.analyzer import JobAnalyzer  # noqa: E402
+from stepscope.pipeline import job_pass as analyzer  # noqa: E402
+from stepscope.pipeline.job_pass import JobAnalyzer  # noqa: E402
 from stepscope.store import frames, tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
 from stepscope.store.writer import BatchWriter  # noqa: E402
-from stepscope.synth import JobSpec, SlowNode, Straggler, SynthJob, generate  # noqa: E402
+from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, SynthJob, generate  # noqa: E402
 from tests.support import fresh_postgres_database  # noqa: E402
 
 JOB_ID = "scale"

@@ -1,8 +1,8 @@
 """stepscope: performance observability for distributed training (training-side API)."""
 
-__version__ = "0.1.0"
-
-from stepscope.profiler.api import Profiler, init  # noqa: E402
-from stepscope.profiler.config import Config  # noqa: E402
+from stepscope._version import __version__
+from stepscope.profiler.base import Profiler
+from stepscope.profiler.config import Config
+from stepscope.profiler.setup import init
 
 __all__ = ["Config", "Profiler", "__version__", "init"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import RunningServer, run_server
+from tests.live_server import RunningServer, run_server
 from tests.support import fresh_postgres_database
 
 

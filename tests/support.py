@@ -73,14 +73,14 @@ def fresh_postgres_database() -> Iterator[str]:
 
 
 def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> Iterator[int]:
-    """Store a synthetic job (stepscope.synth.SynthJob) through the real validator and
+    """Store a synthetic job (stepscope.synthetic.generate.SynthJob) through the real validator and
     writer, one round of batches (every rank's next `steps_per_batch` steps) at a time;
     yields the round number after each round is committed."""
     import orjson
 
     from stepscope.collector.validate import parse_batch
-    from stepscope.simulate import rank_batches
     from stepscope.store.writer import BatchWriter
+    from stepscope.synthetic.stream import rank_batches
 
     per_rank = [
         list(rank_batches(job, r, steps_per_batch=steps_per_batch))

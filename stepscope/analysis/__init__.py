@@ -24,9 +24,9 @@ from stepscope.analysis.collectives import (
     transfer_times,
 )
 from stepscope.analysis.config import AnalysisConfig
+from stepscope.analysis.dataloader import dataloader_findings
 from stepscope.analysis.findings import findings_to_frame
 from stepscope.analysis.grid import Grid, Ints, Matrix, column_sample, rank_median
-from stepscope.analysis.jobs import dataloader_findings
 from stepscope.analysis.rollups import op_rollup, step_rollup
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.stragglers import StragglerInput, straggler_findings

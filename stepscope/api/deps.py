@@ -7,10 +7,10 @@ from typing import Annotated
 import sqlalchemy as sa
 from fastapi import Depends, Path, Request
 
-from stepscope.api.analyzer import FindingsHook
-from stepscope.api.settings import Settings
 from stepscope.collector.validate import MAX_ID_CHARS
+from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.query import JobNotFound
+from stepscope.server.settings import Settings
 
 MAX_STEP = 2**53
 """Largest step number a request may name (steps are stored as 64-bit integers)."""

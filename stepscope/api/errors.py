@@ -10,8 +10,8 @@ from fastapi.dependencies.utils import get_flat_params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from stepscope.api.analyzer import RawRowsPrunedError
 from stepscope.api.schemas import ErrorRead, ParameterError, ValidationErrorRead
+from stepscope.pipeline.job_pass import RawRowsPrunedError
 from stepscope.query import JobNotFound
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

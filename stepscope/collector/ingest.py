@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stepscope.auth import require_scope
 from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
+from stepscope.server.auth import require_scope
 from stepscope.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)

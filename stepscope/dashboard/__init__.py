@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
     from fastapi import FastAPI
 
-    from stepscope.api.settings import Settings
+    from stepscope.server.settings import Settings
 
 
 def mount_dashboard(app: FastAPI, engine: sa.Engine, settings: Settings) -> None:

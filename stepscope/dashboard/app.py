@@ -10,9 +10,9 @@ import dash
 import flask
 import sqlalchemy as sa
 
-from stepscope.api.settings import Settings
 from stepscope.dashboard import components, context, live
 from stepscope.dashboard.pages import PAGE_MODULES
+from stepscope.server.settings import Settings
 
 ASSETS = Path(__file__).with_name("assets")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import flask
 import sqlalchemy as sa
 
-from stepscope.api.settings import Settings
+from stepscope.server.settings import Settings
 
 _KEY = "stepscope"
 

@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, RedirectResponse
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stepscope.auth import TokenCache
 from stepscope.dashboard import signin
+from stepscope.server.auth import TokenCache
 
 RESERVED = ("/api", "/v1", "/docs", "/redoc", "/openapi.json", "/healthz", "/metrics")
 """Paths the dashboard never claims (the API, the collector, docs, health, metrics)."""

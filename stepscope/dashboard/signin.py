@@ -14,7 +14,7 @@ import anyio.to_thread
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from stepscope.auth import TokenCache
+from stepscope.server.auth import TokenCache
 
 COOKIE = "stepscope_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600

@@ -9,7 +9,7 @@ import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze, findings_to_frame, mfu_per_step
 from stepscope.schema import FINDINGS
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 
 
 def _job(**kwargs: object) -> tuple[dict[str, pl.DataFrame], dict[str, object]]:

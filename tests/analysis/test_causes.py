@@ -8,7 +8,7 @@ import pytest
 from stepscope.analysis import AnalysisConfig, analyze, with_causes
 from stepscope.describe import finding_line
 from stepscope.schema import Finding
-from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
 
 def _findings(**kwargs: object) -> list[Finding]:

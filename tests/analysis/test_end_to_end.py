@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from stepscope.api.analyzer import analyze_stored_job
-from stepscope.api.background import BackgroundAnalyzer
+from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.schema import FINDINGS
-from stepscope.simulate import stream_job
 from stepscope.store.engine import make_engine
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
-from tests.server import RunningServer, read_rows
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.stream import stream_job
+from tests.live_server import RunningServer, read_rows
 from tests.support import require_torchrun
 
 REPO = Path(__file__).resolve().parents[2]

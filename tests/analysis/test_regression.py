@@ -1,4 +1,4 @@
-"""The regression gate's statistics on synthetic jobs (stepscope.synth), values asserted."""
+"""The regression gate's statistics on synthetic jobs (synthetic.generate), values asserted."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stepscope.analysis.metric_tests import min_baselines
 from stepscope.analysis.regression import CheckConfig, JobData, check_regression, job_from_steps
 from stepscope.analysis.steady import detect_warmup, job_levels, job_metrics, trimmed_mean
 from stepscope.analysis.student_t import t_ppf, t_sf
-from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
 NUM_RANKS = 8
 BASE_STEP_S = 0.5

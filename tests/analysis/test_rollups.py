@@ -8,7 +8,7 @@ import pytest
 
 from stepscope.analysis import rollups
 from stepscope.schema import COLLECTIVE_OPS, busbw_factor
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A real server per engine holding two streamed jobs, one with a known straggler.
 
-The jobs go in through the wire protocol (`stepscope.simulate.stream_job` over HTTP) and
+The jobs go in through the wire protocol (`stepscope.synthetic.stream.stream_job` over HTTP) and
 are analysed through `POST /api/v1/jobs/{job}/analyze`; tests compare what the API answers
 with polars computations over the generated rows (`Api.steps`).
 """
@@ -19,11 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis.rollups import with_compute
-from stepscope.simulate import stream_job
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, Straggler, SynthJob, generate, to_frames
-from tests.server import RunningServer, run_server
+from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.stream import stream_job
+from tests.live_server import RunningServer, run_server
 from tests.support import fresh_postgres_database
 
 JOB = "api-main"

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from stepscope.query import decode_values
-from stepscope.synth import node_name
+from stepscope.synthetic.generate import node_name
 from tests.api.conftest import JOB, NUM_RANKS, NUM_STEPS, RANKS_PER_NODE, STRAGGLER, Api
 
 

@@ -6,8 +6,8 @@ import httpx
 import polars as pl
 import pytest
 
-from stepscope.simulate import stream_job
-from stepscope.synth import JobSpec, generate
+from stepscope.synthetic.generate import JobSpec, generate
+from stepscope.synthetic.stream import stream_job
 from tests.api.conftest import (
     JOB,
     NUM_RANKS,
@@ -17,7 +17,7 @@ from tests.api.conftest import (
     STRAGGLER_FROM,
     Api,
 )
-from tests.server import read_rows
+from tests.live_server import read_rows
 
 WARMUP_STEPS = 10
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server import RunningServer, read_rows, run_server
+from tests.live_server import RunningServer, read_rows, run_server
 
 TS0 = 1_767_000_000.0
 

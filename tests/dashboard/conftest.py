@@ -1,7 +1,7 @@
 """A real server holding simulated jobs for the dashboard tests, and a headless Chromium.
 
-The jobs go in over the wire protocol (stepscope.simulate) and are analysed in-process
-with stepscope.api.analyzer.analyze_stored_job on the server's database.
+The jobs go in over the wire protocol (stepscope.synthetic.stream) and are analysed in-process
+with stepscope.pipeline.job_pass.analyze_stored_job on the server's database.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis.rollups import with_compute
-from stepscope.api.analyzer import analyze_stored_job
-from stepscope.simulate import batch_rounds, post_bodies
+from stepscope.pipeline.job_pass import analyze_stored_job
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, Straggler, SynthJob, generate, to_frames
-from tests.server import RunningServer, run_server
+from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.stream import batch_rounds, post_bodies
+from tests.live_server import RunningServer, run_server
 from tests.support import require
 
 CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")

@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from stepscope.simulate import stream_job
 from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, generate
-from tests.server import RunningServer, run_server
+from stepscope.synthetic.generate import JobSpec, generate
+from stepscope.synthetic.stream import stream_job
+from tests.live_server import RunningServer, run_server
 
 JOB = "dash-secret"
 NAME = "secret-llm-run"

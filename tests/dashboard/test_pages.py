@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from stepscope.api.analyzer import analyze_stored_job
+from stepscope.pipeline.job_pass import analyze_stored_job
 from tests.dashboard.conftest import (
     HOSTILE_NAME,
     LIVE,

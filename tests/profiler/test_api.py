@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 import stepscope
-from stepscope.profiler.api import NULL_CONTEXT, Profiler
+from stepscope.profiler.base import NULL_CONTEXT, Profiler
 from stepscope.profiler.steps import StepRecord
-from tests.server import RunningServer, read_rows
+from tests.live_server import RunningServer, read_rows
 
 
 def test_importing_stepscope_pulls_in_nothing_server_side_nor_torch() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stepscope.schema import STEPS, busbw_bps
-from tests.server import RunningServer, free_port, read_rows, run_server
+from tests.live_server import RunningServer, free_port, read_rows, run_server
 from tests.support import require_torchrun
 
 pytestmark = pytest.mark.torchrun

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stepscope.profiler.preflight import TEST_SLOW_RANK_ENV, run_preflight
-from tests.server import RunningServer, read_rows
+from tests.live_server import RunningServer, read_rows
 from tests.support import require_torchrun
 
 REPO = Path(__file__).resolve().parents[2]

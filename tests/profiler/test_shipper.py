@@ -8,8 +8,8 @@ from typing import Any
 from stepscope.profiler.config import Config
 from stepscope.profiler.shipper import Shipper
 from stepscope.schema import STEPS
+from tests.live_server import RunningServer, free_port, read_rows
 from tests.profiler.http_sink import http_sink
-from tests.server import RunningServer, free_port, read_rows
 
 JOB = {"job_id": "ship-1", "world_size": 1, "device_name": "cpu", "attributes": {}}
 SOURCE = {"rank": 0, "local_rank": 0, "node": "host-a", "pid": 1, "incarnation": "inc-1"}

@@ -19,14 +19,14 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis.rollups import with_compute
-from stepscope.api.analyzer import JobAnalyzer
 from stepscope.collector.validate import parse_batch
-from stepscope.simulate import rank_batches
+from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.store import tables
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
 from stepscope.store.writer import BatchWriter
-from stepscope.synth import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.stream import rank_batches
 from tests.support import fresh_postgres_database
 
 JOB = "train-a"

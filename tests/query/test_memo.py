@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from stepscope import query
-from stepscope.api.analyzer import JobAnalyzer
-from stepscope.api.background import BackgroundAnalyzer
+from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.store import reads
 from stepscope.store.engine import make_engine
-from stepscope.synth import JobSpec, Straggler, generate
+from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from tests.support import write_job_in_rounds
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from stepscope import query
 from stepscope.query.heatmaps import decode_values
-from stepscope.synth import node_name
+from stepscope.synthetic.generate import node_name
 from tests.query.conftest import JOB, NUM_RANKS, NUM_STEPS, RANKS_PER_NODE, STRAGGLER, Stored
 
 METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")

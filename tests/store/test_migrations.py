@@ -63,7 +63,7 @@ def test_db_upgrade_creates_every_table_on_an_empty_database(empty_db_url: str) 
 def test_server_refuses_an_unmigrated_postgres_database(empty_db_url: str) -> None:
     if empty_db_url.startswith("sqlite"):
         # The embedded default migrates itself at start.
-        from tests.server import run_server
+        from tests.live_server import run_server
 
         with run_server(empty_db_url):
             assert current_revision(make_engine(empty_db_url)) == head_revision()

@@ -9,10 +9,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from stepscope.api.analyzer import JobAnalyzer
+from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.store import tables
 from stepscope.store.engine import make_engine
-from stepscope.synth import JobSpec, Straggler, generate
+from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from tests.support import write_job_in_rounds
 
 

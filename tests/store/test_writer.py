@@ -6,7 +6,7 @@ from typing import Any
 
 from stepscope.store.engine import make_engine
 from stepscope.store.writer import BatchWriter, _Pending
-from tests.server import read_rows
+from tests.live_server import read_rows
 
 
 def pending(rank: int, seq: int, *, status: str | None = None, step: int = 0) -> _Pending:

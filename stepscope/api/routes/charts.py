@@ -16,7 +16,7 @@ from stepscope.api.schemas import (
     RankTableRead,
     SeriesRead,
 )
-from stepscope.auth import ReadAuth
+from stepscope.server.auth import ReadAuth
 
 if TYPE_CHECKING:
     SeriesMetric = str

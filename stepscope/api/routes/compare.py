@@ -10,8 +10,8 @@ from stepscope import query
 from stepscope.api.deps import NO_NUL, EngineDep
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import ComparisonRead
-from stepscope.auth import ReadAuth
 from stepscope.collector.validate import MAX_ID_CHARS
+from stepscope.server.auth import ReadAuth
 
 router = APIRouter(tags=["jobs"], responses=JOB_RESPONSES)
 

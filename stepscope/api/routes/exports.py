@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from stepscope import query
 from stepscope.api.deps import EngineDep, JobIdDep
 from stepscope.api.errors import JOB_RESPONSES
-from stepscope.auth import ReadAuth
+from stepscope.server.auth import ReadAuth
 
 if TYPE_CHECKING:
     ExportTable = str

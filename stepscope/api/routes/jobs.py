@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Query
 
 from stepscope import query
-from stepscope.api.analyzer import analyze_stored_job
 from stepscope.api.deps import NO_NUL, EngineDep, FindingsHookDep, JobIdDep, SettingsDep
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import (
@@ -19,7 +18,8 @@ from stepscope.api.schemas import (
     JobSummaryRead,
     Severity,
 )
-from stepscope.auth import AdminAuth, IngestAuth, ReadAuth
+from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.server.auth import AdminAuth, IngestAuth, ReadAuth
 from stepscope.store.deletion import delete_job as delete_stored_job
 
 if TYPE_CHECKING:

@@ -11,13 +11,13 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from stepscope import __version__
 from stepscope.api import errors
-from stepscope.api.background import BackgroundAnalyzer
-from stepscope.api.openapi import build_openapi
 from stepscope.api.routes import router as api_router
-from stepscope.api.settings import Settings
-from stepscope.api.webhooks import WebhookSender
-from stepscope.auth import TokenCache
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.pipeline.scheduler import BackgroundAnalyzer
+from stepscope.server.auth import TokenCache
+from stepscope.server.openapi import build_openapi
+from stepscope.server.settings import Settings
+from stepscope.server.webhooks import WebhookSender
 from stepscope.store.engine import is_sqlite, make_engine
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter

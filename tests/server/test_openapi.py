@@ -12,12 +12,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from stepscope.simulate import stream_job
 from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, Straggler, generate
-from tests.server import run_server
+from stepscope.synthetic.generate import JobSpec, Straggler, generate
+from stepscope.synthetic.stream import stream_job
+from tests.live_server import run_server
 from tests.support import fresh_postgres_database
 
 FUZZ_JOB = "fuzz-job"

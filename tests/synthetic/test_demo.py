@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.server import free_port, read_rows
+from tests.live_server import free_port, read_rows
 
 
 def test_demo_streams_a_job_and_names_the_slow_ranks(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from stepscope.analysis import (
 from stepscope.analysis import rollups as compute
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.telemetry import GPU_COLUMNS
-from stepscope.api.recent_rows import RecentRows, RecentRowsCache
+from stepscope.pipeline.recent_rows import RecentRows, RecentRowsCache
 from stepscope.store import frames, queries, reads, tables
 from stepscope.store import rollups as store
 

@@ -8,7 +8,7 @@ import threading
 import sqlalchemy as sa
 
 from stepscope import query
-from stepscope.api.analyzer import FindingsHook, JobAnalyzer
+from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer
 from stepscope.store import queries
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from stepscope import check_cli
+from stepscope.cli import check as check_cli
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="stepscope: training performance observability"
@@ -34,7 +34,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _database_url(db: str | None) -> str:
-    from stepscope.api.settings import Settings
+    from stepscope.server.settings import Settings
 
     return db or Settings().database_url
 
@@ -68,8 +68,8 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from stepscope.api.app import create_app
-    from stepscope.api.settings import Settings, check_exposure
+    from stepscope.server.app import create_app
+    from stepscope.server.settings import Settings, check_exposure
     from stepscope.store.migrate import SchemaOutdatedError
 
     overrides: dict[str, object] = {"host": host, "port": port}
@@ -158,7 +158,7 @@ def token_create(
     db: DbOption = None,
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
-    from stepscope.auth import SCOPES
+    from stepscope.server.auth import SCOPES
     from stepscope.store import queries
     from stepscope.store.engine import make_engine
     from stepscope.store.migrate import ensure_current
@@ -173,7 +173,7 @@ def token_create(
 
 def _parse_straggler(text: str) -> Any:
     """RANK[,RANK…]:FACTOR:FROM_STEP[:CAUSE[:UNTIL_STEP]] → synth.Straggler."""
-    from stepscope.synth import Straggler
+    from stepscope.synthetic.generate import Straggler
 
     parts = text.split(":")
     try:
@@ -223,8 +223,8 @@ def simulate(
     """Stream a realistic synthetic job to a collector through the wire protocol."""
     import time
 
-    from stepscope.simulate import stream_job
-    from stepscope.synth import JobSpec, generate
+    from stepscope.synthetic.generate import JobSpec, generate
+    from stepscope.synthetic.stream import stream_job
 
     spec = JobSpec(
         job_id=job_id or f"sim-{int(time.time())}",
@@ -264,7 +264,7 @@ def _print_findings(findings: list[Any], output: str) -> None:
     """Findings one readable line each, or as JSON."""
     import orjson
 
-    from stepscope.cli_output import print_finding_lines
+    from stepscope.cli.output import print_finding_lines
 
     if output == "json":
         typer.echo(
@@ -298,7 +298,7 @@ def analyze(
     if (job_id is None) == (steps_file is None):
         raise fail("give either a JOB_ID (stored job) or --steps FILE (offline), not both")
     if job_id is not None:
-        from stepscope.api.analyzer import RawRowsPrunedError, analyze_stored_job
+        from stepscope.pipeline.job_pass import RawRowsPrunedError, analyze_stored_job
         from stepscope.store.engine import make_engine
         from stepscope.store.queries import load_job
 
@@ -343,7 +343,7 @@ def demo(
     exit_after: Annotated[bool, typer.Option("--exit", help="Stop after the analysis")] = False,
 ) -> None:
     """Serve on SQLite, stream a synthetic job with a straggler into it, and analyse it."""
-    from stepscope.demo import run_demo
+    from stepscope.synthetic.demo import run_demo
 
     run_demo(
         database_url=_database_url(db),
@@ -372,7 +372,7 @@ OutputOption = Annotated[str, typer.Option("--format", help="text or json")]
 
 def _reader(url: str | None, token: str | None, db: str | None) -> Any:
     """A reader of --db if given, else of the server at --url, else of the default database."""
-    from stepscope.api.readers import HttpReader, StoreReader, sqlite_path
+    from stepscope.client import HttpReader, StoreReader, sqlite_path
 
     if url and not db:
         return HttpReader(url, token)
@@ -398,7 +398,7 @@ def _check_output(output: str) -> None:
 
 def _reading(url: str | None, token: str | None, db: str | None, read: Any) -> Any:
     """What `read(reader)` returns; a ReadError is printed as an error (exit 1)."""
-    from stepscope.api.readers import ReadError
+    from stepscope.client import ReadError
 
     reader = _reader(url, token, db)
     try:
@@ -431,8 +431,8 @@ def jobs(
     db: DbOption = None,
 ) -> None:
     """List stored jobs, newest first."""
-    from stepscope.api.readers import JobsRequest
-    from stepscope.cli_output import print_jobs
+    from stepscope.cli.output import print_jobs
+    from stepscope.client import JobsRequest
 
     _check_output(output)
     request = JobsRequest(
@@ -460,7 +460,7 @@ def show(
     db: DbOption = None,
 ) -> None:
     """A job's summary and its findings."""
-    from stepscope.cli_output import print_summary
+    from stepscope.cli.output import print_summary
 
     _check_output(output)
     summary, found = _reading(url, token, db, lambda r: (r.summary(job_id), r.findings(job_id)))
@@ -482,8 +482,8 @@ def findings(
     db: DbOption = None,
 ) -> None:
     """A job's findings, one readable line each."""
-    from stepscope.api.readers import findings_json
-    from stepscope.cli_output import print_finding_lines
+    from stepscope.cli.output import print_finding_lines
+    from stepscope.client import findings_json
 
     _check_output(output)
     found = _reading(url, token, db, lambda r: r.findings(job_id))
@@ -539,7 +539,3 @@ check_cli.register(app)
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -11,12 +11,12 @@ import httpx
 import orjson
 import pytest
 
-from stepscope.simulate import rank_batches, stream_job
 from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, generate
-from tests.server import RunningServer, run_server
+from stepscope.synthetic.generate import JobSpec, generate
+from stepscope.synthetic.stream import rank_batches, stream_job
+from tests.live_server import RunningServer, run_server
 
 JOB = "auth-job"
 DOOMED = "auth-doomed"
@@ -131,7 +131,7 @@ def test_health_and_the_openapi_document_need_no_token(secured: Secured) -> None
 
 
 def test_tokens_are_stored_as_hashes_only(secured: Secured, tmp_path: Path) -> None:
-    from tests.server import read_rows
+    from tests.live_server import read_rows
 
     stored = repr(read_rows(secured.server.db_url, "api_tokens", None))
     assert all(token not in stored for token in secured.tokens.values())

@@ -10,13 +10,13 @@ import time
 import httpx
 import sqlalchemy as sa
 
-from stepscope.api.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, WebhookSender
 from stepscope.schema import Finding
-from stepscope.simulate import stream_job
+from stepscope.server.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, WebhookSender
 from stepscope.store.engine import make_engine
+from stepscope.synthetic.stream import stream_job
 from tests.api.conftest import JOB, STRAGGLER, main_job
-from tests.api.webhook_receiver import Received, webhook_receiver
-from tests.server import read_rows, run_server
+from tests.live_server import read_rows, run_server
+from tests.server.webhook_receiver import Received, webhook_receiver
 
 SECRET = "s3cret"
 

@@ -7,7 +7,7 @@ import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze
 from stepscope.schema import Finding
-from stepscope.synth import JobSpec, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, generate, to_frames
 
 
 def _kind(findings: list[Finding], kind: str) -> list[Finding]:

@@ -19,12 +19,12 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from stepscope import schema
-from stepscope.api.analyzer import JobAnalyzer
+from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.store import frames, queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, Straggler, generate
-from tests.server import RunningServer, run_server
+from stepscope.synthetic.generate import JobSpec, Straggler, generate
+from tests.live_server import RunningServer, run_server
 from tests.support import write_job_in_rounds
 
 JOB = "cli-job"

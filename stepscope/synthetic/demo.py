@@ -12,11 +12,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from stepscope.api.analyzer import analyze_stored_job
-from stepscope.api.app import create_app
-from stepscope.api.settings import Settings
-from stepscope.simulate import stream_job
-from stepscope.synth import JobSpec, Straggler, generate
+from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.server.app import create_app
+from stepscope.server.settings import Settings
+from stepscope.synthetic.generate import JobSpec, Straggler, generate
+from stepscope.synthetic.stream import stream_job
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stepscope.schema import COLLECTIVES, GPU, JOBS, STEPS, busbw_bps
-from stepscope.synth import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
 
 def _matrix(job_columns: dict[str, np.ndarray], column: str, num_ranks: int) -> np.ndarray:

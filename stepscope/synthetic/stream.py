@@ -1,4 +1,4 @@
-"""Stream a synthetic job (stepscope.synth) to a collector through the real wire protocol."""
+"""Stream a synthetic job (synthetic.generate) to a collector through the real wire protocol."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from stepscope import schema
-from stepscope.synth import Columns, SynthJob
+from stepscope.synthetic.generate import Columns, SynthJob
 
 _SECTIONS = {"steps": schema.STEPS, "collectives": schema.COLLECTIVES, "gpu": schema.GPU}
 

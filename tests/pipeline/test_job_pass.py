@@ -11,15 +11,15 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig, analyze, rollups
-from stepscope.api import analyzer
-from stepscope.api.analyzer import JobAnalyzer
-from stepscope.api.recent_rows import RecentRowsCache
+from stepscope.pipeline import job_pass as analyzer
+from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline.recent_rows import RecentRowsCache
 from stepscope.schema import Finding
 from stepscope.store import frames, tables
 from stepscope.store import rollups as store
 from stepscope.store.engine import make_engine
 from stepscope.store.writer import BatchWriter
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 from tests.support import write_job_in_rounds
 
 # Segments of 200 steps: the job below spans five, and the stragglers cross boundaries.

@@ -119,7 +119,7 @@ def _store(db: str | None, url: str | None, token: str | None) -> JobSource:
     if url:
         return ApiSource(url, token)
     if not db:
-        from stepscope.api.settings import Settings
+        from stepscope.server.settings import Settings
 
         db = os.environ.get("STEPSCOPE_DATABASE_URL") or Settings().database_url
     return DbSource(db)

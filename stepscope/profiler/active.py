@@ -17,16 +17,17 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 
-import stepscope
+from stepscope._version import __version__
 from stepscope.schema import EVENT_KINDS, STEPS
 
-from .api import NULL_CONTEXT, Profiler
+from .base import NULL_CONTEXT, Profiler
 from .comm import CollectiveCall, CollectivePatch, DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv
 from .flops import measure_flops, peak_flops_for
@@ -188,7 +189,7 @@ class ActiveProfiler(Profiler):
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
         attributes = {
-            "stepscope_version": stepscope.__version__,
+            "stepscope_version": __version__,
             "torch_version": torch.__version__,
             "python_version": platform.python_version(),
         }
@@ -220,12 +221,12 @@ class ActiveProfiler(Profiler):
 
     # ---- public API ----------------------------------------------------------------------
 
-    def step(self, step: int | None = None) -> Any:
+    def step(self, step: int | None = None) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
         return _Step(self, step)
 
-    def section(self, name: str) -> Any:
+    def section(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
         return _Section(self, name)

@@ -18,10 +18,10 @@ import polars as pl
 import pytest
 from plotly.offline import get_plotlyjs
 
-from stepscope.api.analyzer import JobAnalyzer
+from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synth import JobSpec, Straggler, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 from tests.support import fresh_postgres_database, require, require_torchrun, write_job_in_rounds
 
 KEY = "bench/ci"
@@ -31,7 +31,7 @@ HOSTILE_NAME = '<script>alert("x")</script> & co'
 """A job name that must be escaped wherever it is shown."""
 _CLI = (
     "from stepscope.cli import app\n"
-    "from stepscope import check_cli\n"
+    "from stepscope.cli import check as check_cli\n"
     "if 'check' not in {c.name for c in app.registered_commands}:\n"
     "    check_cli.register(app)\n"
     "app()\n"
@@ -127,8 +127,8 @@ def invoke(*args: str | Path) -> Run:
     """Run the same CLI in this process: for the variants of a case a subprocess has run."""
     from typer.testing import CliRunner
 
-    from stepscope import check_cli
     from stepscope.cli import app
+    from stepscope.cli import check as check_cli
 
     if "check" not in {c.name for c in app.registered_commands}:
         check_cli.register(app)
@@ -372,7 +372,7 @@ def test_the_report_renders_in_headless_chromium_offline(history: History, tmp_p
 def test_check_reads_a_server_through_the_rest_api(history: History, tmp_path: Path) -> None:
     if history.dialect != "sqlite":
         pytest.skip("the API reads through the same query layer: one engine is enough")
-    from tests.server import run_server
+    from tests.live_server import run_server
 
     with run_server(db_url=history.url) as server:
         api = stepscope("check", "cand-slow", "--url", server.url, "--json", tmp_path / "a.json")
@@ -393,10 +393,10 @@ def test_a_slowed_torchrun_job_fails_naming_step_s_and_the_slowed_component(
     tmp_path: Path,
 ) -> None:
     """Five real CPU DDP runs as baselines, then one whose rank 1 waits 50 ms for each batch."""
-    from tests.server import run_server
+    from tests.live_server import run_server
 
     torchrun = require_torchrun()
-    example = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
     with run_server() as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
         env |= {"OMP_NUM_THREADS": "1", "STEPSCOPE_BENCHMARK_KEY": "ddp/cpu-2"}

@@ -1,0 +1,5 @@
+"""`python -m stepscope.cli ARGS`."""
+
+from stepscope.cli import main
+
+main()

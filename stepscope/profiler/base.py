@@ -1,0 +1,77 @@
+"""The `Profiler` interface, whose base class is the no-op used when profiling is off.
+
+This module imports nothing else of the profiler: the active implementation
+(stepscope.profiler.active) subclasses it, and `setup.init()` picks one of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+class _NullContext:
+    """A reusable context manager that does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        return False
+
+
+NULL_CONTEXT = _NullContext()
+
+
+class Profiler:
+    """Profiles one training rank. This base class is the no-op used when disabled."""
+
+    enabled = False
+
+    def step(self, step: int | None = None) -> AbstractContextManager[None]:
+        """Context manager around one training step (step_s; steps count from 0 unless given)."""
+        return NULL_CONTEXT
+
+    def section(self, name: str) -> AbstractContextManager[None]:
+        """Context manager timing a part of the step: forward, backward, optimizer, h2d, or any."""
+        return NULL_CONTEXT
+
+    def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
+        """The loader, iterating as before, with the time blocked in next() counted as data_s."""
+        return loader
+
+    def watch(self, model: Any) -> None:
+        """Time a DistributedDataParallel model's gradient all-reduces (Config.comm_timing)."""
+
+    def record(
+        self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
+    ) -> None:
+        """Attach work counts (and any other values) to the current step."""
+
+    def event(self, kind: str, message: str, **attributes: Any) -> None:
+        """Send an event (kind one of schema.EVENT_KINDS) to the collector."""
+
+    def measure_flops(self, fn: Callable[[], object]) -> float | None:
+        """Count the FLOPs of `fn()` (e.g. one forward+backward) and use them as flops per step."""
+        return None
+
+    def close(self) -> None:
+        """Flush what is buffered (bounded by close_timeout_s) and stop profiling."""
+
+    def __enter__(self) -> Profiler:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.close()
+        return False

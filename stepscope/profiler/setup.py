@@ -1,0 +1,73 @@
+"""`init()`: the active profiler when profiling is enabled, the no-op base otherwise.
+
+Importing this module imports neither torch nor anything server-side: the active
+profiler (stepscope.profiler.active) is loaded only when profiling is enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from .base import Profiler
+from .config import build_config, detect_env
+
+log = logging.getLogger(__name__)
+
+
+def init(
+    *,
+    job_id: str | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    model: Any = None,
+    tokens_per_step: int | None = None,
+    samples_per_step: int | None = None,
+    flops_per_step: float | Literal["auto"] | None = None,
+    peak_flops: float | None = None,
+    benchmark_key: str | None = None,
+    attributes: dict[str, Any] | None = None,
+    **options: Any,
+) -> Profiler:
+    """Start profiling this rank; a no-op Profiler when disabled, without a URL, or on error.
+
+    Every argument can also come from a STEPSCOPE_<NAME> environment variable
+    (STEPSCOPE_URL, STEPSCOPE_TOKEN, STEPSCOPE_JOB_ID, STEPSCOPE_DISABLED, ...); explicit
+    arguments win. `options` are further Config fields (flush_interval_s, spill_dir, ...).
+    """
+    try:
+        config = build_config(
+            job_id=job_id,
+            url=url,
+            token=token,
+            tokens_per_step=tokens_per_step,
+            samples_per_step=samples_per_step,
+            flops_per_step=flops_per_step,
+            peak_flops=peak_flops,
+            benchmark_key=benchmark_key,
+            attributes=attributes,
+            **options,
+        )
+    except (TypeError, ValueError) as exc:
+        log.error("stepscope disabled: bad configuration: %s", exc)
+        return Profiler()
+    if not config.enabled:
+        if not config.disabled:
+            log.info("stepscope disabled: no collector URL (set STEPSCOPE_URL or pass url=)")
+        return Profiler()
+    env = detect_env()
+    if config.job_id is None:
+        if env.job_id is None and env.world_size > 1:
+            log.error(
+                "stepscope disabled: no job id; pass job_id= or set STEPSCOPE_JOB_ID "
+                "(all ranks must agree, torchrun and Slurm provide one)"
+            )
+            return Profiler()
+        config.job_id = env.job_id
+    try:
+        from .active import ActiveProfiler
+
+        return ActiveProfiler(config=config, env=env, model=model)
+    except Exception:
+        log.exception("stepscope disabled: the profiler failed to start")
+        return Profiler()
