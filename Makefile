@@ -23,6 +23,7 @@ lint: venv
 	$(BIN)/ruff check stepscope tests benchmarks examples
 	$(BIN)/ruff format --check stepscope tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 bench: venv
 	$(BIN)/python benchmarks/ingest.py

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 WIRE_SCHEMA_VERSION = 1
+MAX_ID_CHARS = 256
+"""Longest job id, node name or incarnation id the wire protocol and the API accept."""
 
 Dtype = Literal["str", "int", "float", "json"]
 
@@ -223,6 +225,9 @@ TABLES: dict[str, Table] = {
     t.name: t for t in (STEPS, COLLECTIVES, GPU, EVENTS, JOBS, RANKS, FINDINGS)
 }
 
+Scope = Literal["ingest", "read", "admin"]
+"""What a bearer token allows: send batches, read jobs, or everything (admin)."""
+SCOPES: tuple[Scope, ...] = ("ingest", "read", "admin")
 Severity = Literal["info", "warning", "critical"]
 
 

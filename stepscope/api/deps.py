@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from stepscope.collector.validate import MAX_ID_CHARS
 from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.query import JobNotFound
-from stepscope.server.settings import Settings
+from stepscope.schema import MAX_ID_CHARS, Scope
 
 MAX_STEP = 2**53
 """Largest step number a request may name (steps are stored as 64-bit integers)."""
@@ -24,8 +25,8 @@ async def _engine(request: Request) -> sa.Engine:
     return request.app.state.engine
 
 
-async def _settings(request: Request) -> Settings:
-    return request.app.state.settings
+async def _rollup_grace_s(request: Request) -> float:
+    return float(request.app.state.settings.rollup_grace_s)
 
 
 async def _findings_hook(request: Request) -> FindingsHook | None:
@@ -41,6 +42,28 @@ async def _job_id(
 
 
 EngineDep = Annotated[sa.Engine, Depends(_engine)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
+RollupGraceDep = Annotated[float, Depends(_rollup_grace_s)]
 FindingsHookDep = Annotated[FindingsHook | None, Depends(_findings_hook)]
 JobIdDep = Annotated[str, Depends(_job_id)]
+
+
+# Declares the bearer scheme in the OpenAPI document ("Authorize" in /docs); the check itself
+# (the server's `app.state.authorize`) reads the header, so a missing token is a 401.
+_bearer = HTTPBearer(auto_error=False, description="A token from `stepscope token create`")
+
+
+def _requires(scope: Scope) -> Callable[..., Awaitable[None]]:
+    # async so FastAPI runs it on the event loop: the token cache answers without I/O nearly
+    # always, and a sync dependency costs a thread hop per request.
+    async def dependency(
+        request: Request,
+        _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> None:
+        request.app.state.authorize(request, scope)
+
+    return dependency
+
+
+IngestAuth = Annotated[None, Depends(_requires("ingest"))]
+ReadAuth = Annotated[None, Depends(_requires("read"))]
+AdminAuth = Annotated[None, Depends(_requires("admin"))]

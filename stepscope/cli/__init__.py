@@ -158,7 +158,7 @@ def token_create(
     db: DbOption = None,
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
-    from stepscope.server.auth import SCOPES
+    from stepscope.schema import SCOPES
     from stepscope.store import queries
     from stepscope.store.engine import make_engine
     from stepscope.store.migrate import ensure_current

@@ -12,11 +12,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
-from stepscope.server.auth import require_scope
 from stepscope.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)
-_require_ingest = require_scope("ingest")
 
 
 async def read_body_limited(request: Request, max_bytes: int) -> bytes:
@@ -47,7 +45,7 @@ async def ingest(request: Request) -> Response:
     A plain Starlette endpoint: FastAPI's per-request dependency and response machinery
     costs about a quarter of the time of a small batch.
     """
-    await _require_ingest(request)
+    request.app.state.authorize(request, "ingest")
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         raise HTTPException(415, f"Content-Type must be application/json, got {content_type!r}")

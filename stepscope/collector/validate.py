@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 
 from stepscope import schema
+from stepscope.schema import MAX_ID_CHARS
 
 MAX_ROWS_PER_SECTION = 200_000
-MAX_ID_CHARS = 256
 
 Columns = dict[str, list[Any]]
 """Column name → values, nulls as None, ready for a bulk insert."""

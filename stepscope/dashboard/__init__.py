@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
     from fastapi import FastAPI
 
-    from stepscope.server.settings import Settings
 
+def mount_dashboard(
+    app: FastAPI,
+    engine: sa.Engine,
+    *,
+    auth: bool,
+    token_scopes: Callable[[str], frozenset[str] | None],
+) -> None:
+    """Serve the dashboard at `/` of `app` (its own paths only; with auth, behind sign-in).
 
-def mount_dashboard(app: FastAPI, engine: sa.Engine, settings: Settings) -> None:
-    """Serve the dashboard at `/` of `app` (its own paths only; with auth, behind sign-in)."""
+    `token_scopes` gives a bearer token's scopes (None for an unknown token).
+    """
     from stepscope.dashboard.app import build_dash
     from stepscope.dashboard.mount import DashboardRoute
 
-    dash_app = build_dash(engine, settings)
-    app.router.routes.append(
-        DashboardRoute(dash_app.server, auth=settings.auth, tokens=lambda: app.state.tokens)
-    )
+    dash_app = build_dash(engine, auth=auth)
+    app.router.routes.append(DashboardRoute(dash_app.server, auth=auth, token_scopes=token_scopes))

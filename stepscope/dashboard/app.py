@@ -12,15 +12,14 @@ import sqlalchemy as sa
 
 from stepscope.dashboard import components, context, live
 from stepscope.dashboard.pages import PAGE_MODULES
-from stepscope.server.settings import Settings
 
 ASSETS = Path(__file__).with_name("assets")
 
 
-def build_dash(engine: sa.Engine, settings: Settings) -> dash.Dash:
+def build_dash(engine: sa.Engine, *, auth: bool) -> dash.Dash:
     """A Dash app on its own Flask server, with every page and callback registered."""
     server = flask.Flask(__name__)
-    context.attach(server, engine, settings)
+    context.attach(server, engine)
     app = dash.Dash(
         __name__,
         server=server,  # type: ignore[arg-type]
@@ -34,7 +33,7 @@ def build_dash(engine: sa.Engine, settings: Settings) -> dash.Dash:
         include_pages_meta=False,
     )
     pages = [_page(name) for name in PAGE_MODULES]
-    app.layout = components.shell(auth=settings.auth)
+    app.layout = components.shell(auth=auth)
     for module in pages:
         module.register_callbacks(app)
     live.register_callbacks(app)

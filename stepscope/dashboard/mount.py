@@ -9,7 +9,6 @@ on, nothing but the sign-in page is served without a read token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import dash
@@ -21,7 +20,6 @@ from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stepscope.dashboard import signin
-from stepscope.server.auth import TokenCache
 
 RESERVED = ("/api", "/v1", "/docs", "/redoc", "/openapi.json", "/healthz", "/metrics")
 """Paths the dashboard never claims (the API, the collector, docs, health, metrics)."""
@@ -57,13 +55,13 @@ def is_internal(path: str) -> bool:
 class DashboardRoute(BaseRoute):
     """Serves the dashboard's pages, Dash's requests and sign-in; matches nothing else."""
 
-    def __init__(self, flask_app: Any, *, auth: bool, tokens: Callable[[], TokenCache]) -> None:
+    def __init__(self, flask_app: Any, *, auth: bool, token_scopes: signin.TokenScopes) -> None:
         self._dash: ASGIApp = GZipMiddleware(
             WSGIMiddleware(flask_app, workers=WSGI_WORKERS),  # type: ignore[arg-type]
             compresslevel=GZIP_LEVEL,
         )
         self._auth = auth
-        self._tokens = tokens
+        self._token_scopes = token_scopes
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         """FULL for the dashboard's paths, NONE for every other."""
@@ -85,12 +83,12 @@ class DashboardRoute(BaseRoute):
             if path == signin.SIGN_OUT:
                 response = signin.sign_out(request)
             else:
-                response = await signin.sign_in(request, self._tokens(), auth=self._auth)
+                response = await signin.sign_in(request, self._token_scopes, auth=self._auth)
             await response(scope, receive, send)
             return
         if self._auth:
             request = Request(scope)
-            if not await signin.token_allows(self._tokens(), signin.presented_token(request)):
+            if not await signin.token_allows(self._token_scopes, signin.presented_token(request)):
                 await self._refuse(request)(scope, receive, send)
                 return
         await self._dash(scope, receive, send)

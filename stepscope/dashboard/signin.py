@@ -8,13 +8,12 @@ sessions) and a revoked token stops working within the token cache's TTL.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from urllib.parse import parse_qs, quote
 
 import anyio.to_thread
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-
-from stepscope.server.auth import TokenCache
 
 COOKIE = "stepscope_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
@@ -83,15 +82,19 @@ def presented_token(conn: HTTPConnection) -> str | None:
     return conn.cookies.get(COOKIE) or None
 
 
-async def token_allows(tokens: TokenCache, token: str | None) -> bool:
+TokenScopes = Callable[[str], frozenset[str] | None]
+"""A bearer token's scopes; None for an unknown or revoked token."""
+
+
+async def token_allows(token_scopes: TokenScopes, token: str | None) -> bool:
     """True when the token is known and has the read (or admin) scope."""
     if not token:
         return False
-    scopes = await anyio.to_thread.run_sync(tokens.scopes, token)
+    scopes = await anyio.to_thread.run_sync(token_scopes, token)
     return scopes is not None and bool(scopes & SCOPES)
 
 
-async def sign_in(request: Request, tokens: TokenCache, *, auth: bool) -> Response:
+async def sign_in(request: Request, token_scopes: TokenScopes, *, auth: bool) -> Response:
     """GET: the form; POST: check the token and set the cookie, or say what was wrong."""
     if not auth:
         return RedirectResponse("/", status_code=303)
@@ -103,7 +106,7 @@ async def sign_in(request: Request, tokens: TokenCache, *, auth: bool) -> Respon
     form = parse_qs(body.decode("utf-8", "replace"))
     token = (form.get("token") or [""])[0].strip()
     target = safe_next((form.get("next") or ["/"])[0])
-    if not await token_allows(tokens, token):
+    if not await token_allows(token_scopes, token):
         return page(
             target,
             "That token is unknown, revoked, or lacks the read scope.",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -14,11 +13,11 @@ from stepscope.api import errors
 from stepscope.api.routes import router as api_router
 from stepscope.collector.ingest import route as ingest_route
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
-from stepscope.server.auth import TokenCache
+from stepscope.server.auth import Authorizer, TokenCache
 from stepscope.server.openapi import build_openapi
 from stepscope.server.settings import Settings
 from stepscope.server.webhooks import WebhookSender
-from stepscope.store.engine import is_sqlite, make_engine
+from stepscope.store.engine import is_sqlite, make_engine, ping
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter
 
@@ -73,7 +72,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.writer = writer
-    app.state.tokens = TokenCache(engine)
+    tokens = TokenCache(engine)
+    app.state.authorize = Authorizer(tokens, auth=settings.auth)
     app.state.on_findings = on_findings
     if settings.cors_origins:
         app.add_middleware(
@@ -89,11 +89,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+        ping(engine)
         return {"status": "ok", "database": engine.dialect.name}
 
     from stepscope.dashboard import mount_dashboard
 
-    mount_dashboard(app, engine, settings)
+    mount_dashboard(app, engine, auth=settings.auth, token_scopes=tokens.scopes)
     return app

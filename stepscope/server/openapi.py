@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from stepscope import schema
 from stepscope.api.schemas import ErrorRead, IngestResultRead
-from stepscope.collector.validate import MAX_ID_CHARS, MAX_ROWS_PER_SECTION
+from stepscope.collector.validate import MAX_ROWS_PER_SECTION
+from stepscope.schema import MAX_ID_CHARS
 
 _PYTHON_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "json": dict[str, Any]}
 

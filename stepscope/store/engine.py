@@ -38,3 +38,9 @@ def make_engine(url: str = DEFAULT_DATABASE_URL) -> sa.Engine:
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return sa.create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def ping(engine: sa.Engine) -> None:
+    """Raise unless the database answers a trivial query."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))

@@ -18,21 +18,16 @@ import polars as pl
 import pytest
 import sqlalchemy as sa
 
-from stepscope.analysis.rollups import with_compute
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SynthJob, generate
 from stepscope.synthetic.stream import stream_job
+from tests.jobs import NUM_RANKS, RANKS_PER_NODE, step_rows, straggler_job
 from tests.live_server import RunningServer, run_server
 from tests.support import fresh_postgres_database
 
 JOB = "api-main"
 OTHER = "api-other"
-NUM_RANKS = 8
-RANKS_PER_NODE = 4
-NUM_STEPS = 400
-STRAGGLER = 5
-STRAGGLER_FROM = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,22 +44,7 @@ class Api:
 
 
 def main_job() -> SynthJob:
-    return generate(
-        JobSpec(
-            job_id=JOB,
-            num_ranks=NUM_RANKS,
-            ranks_per_node=RANKS_PER_NODE,
-            num_steps=NUM_STEPS,
-            spike_prob=0.0,
-            stragglers=(
-                Straggler(
-                    ranks=(STRAGGLER,), factor=1.3, cause="compute", from_step=STRAGGLER_FROM
-                ),
-            ),
-            start_ts=time.time() - NUM_STEPS * 0.5,
-            seed=3,
-        )
-    )
+    return straggler_job(JOB)
 
 
 def other_job() -> SynthJob:
@@ -111,7 +91,5 @@ def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         job = main_job()
         store_through_the_api(server, [job, other_job()])
         client = stack.enter_context(httpx.Client(base_url=f"{server.url}/api/v1", timeout=60))
-        steps = to_frames(job)["steps"]
-        floats = [c for c, t in steps.schema.items() if t.is_float()]
-        steps = with_compute(steps.with_columns(pl.col(floats).cast(pl.Float64)))
+        steps = step_rows(job)
         yield Api(server=server, client=client, engine=engine, job=job, steps=steps)

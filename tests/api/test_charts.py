@@ -8,7 +8,8 @@ import pytest
 
 from stepscope.query import decode_values
 from stepscope.synthetic.generate import node_name
-from tests.api.conftest import JOB, NUM_RANKS, NUM_STEPS, RANKS_PER_NODE, STRAGGLER, Api
+from tests.api.conftest import JOB, Api
+from tests.jobs import NUM_RANKS, NUM_STEPS, RANKS_PER_NODE, STRAGGLER
 
 
 def per_step(api: Api, expr: pl.Expr) -> pl.DataFrame:

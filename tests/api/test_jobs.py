@@ -8,15 +8,8 @@ import pytest
 
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
-from tests.api.conftest import (
-    JOB,
-    NUM_RANKS,
-    NUM_STEPS,
-    OTHER,
-    STRAGGLER,
-    STRAGGLER_FROM,
-    Api,
-)
+from tests.api.conftest import JOB, OTHER, Api
+from tests.jobs import NUM_RANKS, NUM_STEPS, STRAGGLER, STRAGGLER_FROM
 from tests.live_server import read_rows
 
 WARMUP_STEPS = 10

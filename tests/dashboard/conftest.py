@@ -20,12 +20,12 @@ import polars as pl
 import pytest
 import sqlalchemy as sa
 
-from stepscope.analysis.rollups import with_compute
 from stepscope.pipeline.job_pass import analyze_stored_job
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SynthJob, generate
 from stepscope.synthetic.stream import batch_rounds, post_bodies
+from tests.jobs import step_rows, straggler_job
 from tests.live_server import RunningServer, run_server
 from tests.support import require
 
@@ -42,11 +42,6 @@ CHROMIUM_ARGS = [
 MAIN = "dash-main"
 LIVE = "dash-live"
 HOSTILE_NAME = "<script>window.__pwned = 1</script> llm <b>8b</b>"
-NUM_RANKS = 8
-RANKS_PER_NODE = 4
-NUM_STEPS = 400
-STRAGGLER = 5
-STRAGGLER_FROM = 200
 LIVE_ROUNDS_FIRST = 4
 """Rounds (of 50 steps) of the live job sent before its page opens."""
 
@@ -62,22 +57,7 @@ class Site:
 
 
 def main_job() -> SynthJob:
-    job = generate(
-        JobSpec(
-            job_id=MAIN,
-            num_ranks=NUM_RANKS,
-            ranks_per_node=RANKS_PER_NODE,
-            num_steps=NUM_STEPS,
-            spike_prob=0.0,
-            stragglers=(
-                Straggler(
-                    ranks=(STRAGGLER,), factor=1.3, cause="compute", from_step=STRAGGLER_FROM
-                ),
-            ),
-            start_ts=time.time() - NUM_STEPS * 0.5,
-            seed=3,
-        )
-    )
+    job = straggler_job(MAIN)
     job.job["name"] = HOSTILE_NAME
     return job
 
@@ -119,9 +99,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         rounds = batch_rounds(live_job(), steps_per_batch=50)
         send_rounds(server.url, rounds[:LIVE_ROUNDS_FIRST])
         analyze_stored_job(engine, LIVE, grace_s=0.0)
-        steps = to_frames(job)["steps"]
-        floats = [c for c, t in steps.schema.items() if t.is_float()]
-        steps = with_compute(steps.with_columns(pl.col(floats).cast(pl.Float64)))
+        steps = step_rows(job)
         yield Site(
             server=server, engine=engine, steps=steps, live_rounds=rounds[LIVE_ROUNDS_FIRST:]
         )

@@ -14,15 +14,8 @@ import polars as pl
 import pytest
 
 from stepscope.pipeline.job_pass import analyze_stored_job
-from tests.dashboard.conftest import (
-    HOSTILE_NAME,
-    LIVE,
-    MAIN,
-    STRAGGLER,
-    STRAGGLER_FROM,
-    Site,
-    send_rounds,
-)
+from tests.dashboard.conftest import HOSTILE_NAME, LIVE, MAIN, Site, send_rounds
+from tests.jobs import STRAGGLER, STRAGGLER_FROM
 
 pytestmark = pytest.mark.browser
 

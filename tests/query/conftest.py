@@ -18,23 +18,21 @@ import polars as pl
 import pytest
 import sqlalchemy as sa
 
-from stepscope.analysis.rollups import with_compute
 from stepscope.collector.validate import parse_batch
 from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.store import tables
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
 from stepscope.store.writer import BatchWriter
-from stepscope.synthetic.generate import JobSpec, Straggler, SynthJob, generate, to_frames
+from stepscope.synthetic.generate import JobSpec, SynthJob, generate, to_frames
 from stepscope.synthetic.stream import rank_batches
+from tests.jobs import step_rows, straggler_job
 from tests.support import fresh_postgres_database
 
 JOB = "train-a"
 NUM_RANKS = 16
-RANKS_PER_NODE = 4
 NUM_STEPS = 1100
 """More than 1,024 steps: the analyzer's rank buckets are 2 steps wide."""
-STRAGGLER = 5
 SPIKE = (9, 777)
 """(rank, step) whose step_s is made 3 s longer: a one-step spike of the max."""
 START_TS = 1.7e9
@@ -80,17 +78,9 @@ def write(engine: sa.Engine, job: SynthJob, *, steps_per_batch: int, running: bo
 
 
 def main_job() -> SynthJob:
-    spec = JobSpec(
-        job_id=JOB,
-        num_ranks=NUM_RANKS,
-        ranks_per_node=RANKS_PER_NODE,
-        num_steps=NUM_STEPS,
-        spike_prob=0.0,
-        stragglers=(Straggler(ranks=(STRAGGLER,), factor=1.3, cause="compute", from_step=300),),
-        start_ts=START_TS,
-        seed=7,
+    job = straggler_job(
+        JOB, num_ranks=NUM_RANKS, num_steps=NUM_STEPS, straggler_from=300, start_ts=START_TS, seed=7
     )
-    job = generate(spec)
     job.job["name"] = "Train A"
     job.job["benchmark_key"] = "bench/x"
     rank, step = SPIKE
@@ -139,8 +129,7 @@ def _store_all(engine: sa.Engine) -> Stored:
         r = tables.ranks
         conn.execute(sa.update(r).where(r.c.job_id == STALE_JOB).values(last_seen=START_TS))
     frames = to_frames(job)
-    floats = [c for c, t in frames["steps"].schema.items() if t.is_float()]
-    steps = with_compute(frames["steps"].with_columns(pl.col(floats).cast(pl.Float64)))
+    steps = step_rows(job)
     gpu = frames["gpu"]
     return Stored(
         engine=engine,

@@ -11,7 +11,8 @@ import pytest
 from stepscope import query
 from stepscope.query.heatmaps import decode_values
 from stepscope.synthetic.generate import node_name
-from tests.query.conftest import JOB, NUM_RANKS, NUM_STEPS, RANKS_PER_NODE, STRAGGLER, Stored
+from tests.jobs import RANKS_PER_NODE, STRAGGLER
+from tests.query.conftest import JOB, NUM_RANKS, NUM_STEPS, Stored
 
 METRICS = ("step_s", "data_s", "comm_wait_s", "compute_s")
 

@@ -14,7 +14,8 @@ from stepscope.schema import Finding
 from stepscope.server.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, WebhookSender
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.stream import stream_job
-from tests.api.conftest import JOB, STRAGGLER, main_job
+from tests.api.conftest import JOB, main_job
+from tests.jobs import STRAGGLER
 from tests.live_server import read_rows, run_server
 from tests.server.webhook_receiver import Received, webhook_receiver
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Query
 
 from stepscope import query
-from stepscope.api.deps import MAX_RANK, MAX_STEP, EngineDep, JobIdDep
+from stepscope.api.deps import MAX_RANK, MAX_STEP, EngineDep, JobIdDep, ReadAuth
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import (
     CollectivesRead,
@@ -16,7 +16,6 @@ from stepscope.api.schemas import (
     RankTableRead,
     SeriesRead,
 )
-from stepscope.server.auth import ReadAuth
 
 if TYPE_CHECKING:
     SeriesMetric = str

@@ -7,11 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from stepscope import query
-from stepscope.api.deps import NO_NUL, EngineDep
+from stepscope.api.deps import NO_NUL, EngineDep, ReadAuth
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import ComparisonRead
-from stepscope.collector.validate import MAX_ID_CHARS
-from stepscope.server.auth import ReadAuth
+from stepscope.schema import MAX_ID_CHARS
 
 router = APIRouter(tags=["jobs"], responses=JOB_RESPONSES)
 

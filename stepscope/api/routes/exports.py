@@ -10,9 +10,8 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from stepscope import query
-from stepscope.api.deps import EngineDep, JobIdDep
+from stepscope.api.deps import EngineDep, JobIdDep, ReadAuth
 from stepscope.api.errors import JOB_RESPONSES
-from stepscope.server.auth import ReadAuth
 
 if TYPE_CHECKING:
     ExportTable = str

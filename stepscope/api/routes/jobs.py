@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Query
 
 from stepscope import query
-from stepscope.api.deps import NO_NUL, EngineDep, FindingsHookDep, JobIdDep, SettingsDep
+from stepscope.api.deps import (
+    NO_NUL,
+    AdminAuth,
+    EngineDep,
+    FindingsHookDep,
+    IngestAuth,
+    JobIdDep,
+    ReadAuth,
+    RollupGraceDep,
+)
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import (
     DeletedRead,
@@ -19,7 +28,6 @@ from stepscope.api.schemas import (
     Severity,
 )
 from stepscope.pipeline.job_pass import analyze_stored_job
-from stepscope.server.auth import AdminAuth, IngestAuth, ReadAuth
 from stepscope.store.deletion import delete_job as delete_stored_job
 
 if TYPE_CHECKING:
@@ -97,7 +105,7 @@ def findings(engine: EngineDep, job_id: JobIdDep, _auth: ReadAuth) -> list[Findi
 )
 def analyze(
     engine: EngineDep,
-    settings: SettingsDep,
+    rollup_grace_s: RollupGraceDep,
     on_findings: FindingsHookDep,
     job_id: JobIdDep,
     _auth: IngestAuth,
@@ -107,9 +115,7 @@ def analyze(
 ) -> list[FindingRead]:
     """Bring the job's rollups and findings up to date (scope ingest or admin); its findings."""
     query.job_summary(engine, job_id)  # 404 for an unknown job
-    analyze_stored_job(
-        engine, job_id, full=full, grace_s=settings.rollup_grace_s, on_findings=on_findings
-    )
+    analyze_stored_job(engine, job_id, full=full, grace_s=rollup_grace_s, on_findings=on_findings)
     return [FindingRead.of(f) for f in query.findings(engine, job_id)]
 
 
