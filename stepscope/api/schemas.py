@@ -13,17 +13,12 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, Field
 
 from stepscope import query, schema
-from stepscope.describe import finding_line, job_cost
+from stepscope.schema import Cause, FindingKind, Severity
+from stepscope.text.findings import finding_line, job_cost
 
 if TYPE_CHECKING:
-    Severity = str
-    FindingKind = str
-    Cause = str
     JobStatus = str
 else:
-    Severity = Literal[schema.SEVERITIES]
-    FindingKind = Literal[schema.FINDING_KINDS]
-    Cause = Literal[schema.CAUSES]
     JobStatus = Literal[query.JOB_STATUSES]
 
 Floats = list[float | None]
