@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 WIRE_SCHEMA_VERSION = 1
 MAX_ID_CHARS = 256
@@ -186,7 +186,7 @@ RANKS = Table(
     ),
 )
 
-FINDING_KINDS = (
+FindingKind = Literal[
     "straggler_rank",
     "straggler_node",
     "dataloader_stall",
@@ -196,9 +196,18 @@ FINDING_KINDS = (
     "throughput_gain",
     "mfu_low",
     "peak_unknown",
-)
-SEVERITIES = ("info", "warning", "critical")
-CAUSES = ("data", "compute", "communication", "gpu_throttling", "host", "unknown")
+]
+Severity = Literal["info", "warning", "critical"]
+Cause = Literal["data", "compute", "communication", "gpu_throttling", "host", "unknown"]
+Component = Literal["step_s", "data_s", "compute_s", "comm_wait_s", "collective_finish_s"]
+"""A part of the step time a finding or a chart names (a straggler's evidence["component"])."""
+FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+CAUSES: tuple[Cause, ...] = get_args(Cause)
+COMPONENTS: tuple[Component, ...] = get_args(Component)
+Scope = Literal["ingest", "read", "admin"]
+"""What a bearer token allows: send batches, read jobs, or everything (admin)."""
+SCOPES: tuple[Scope, ...] = get_args(Scope)
 
 FINDINGS = Table(
     name="findings",
@@ -224,11 +233,6 @@ FINDINGS = Table(
 TABLES: dict[str, Table] = {
     t.name: t for t in (STEPS, COLLECTIVES, GPU, EVENTS, JOBS, RANKS, FINDINGS)
 }
-
-Scope = Literal["ingest", "read", "admin"]
-"""What a bearer token allows: send batches, read jobs, or everything (admin)."""
-SCOPES: tuple[Scope, ...] = ("ingest", "read", "admin")
-Severity = Literal["info", "warning", "critical"]
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,20 +10,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from stepscope import query, schema
-from stepscope.describe import finding_line, job_cost
+from stepscope.schema import Cause, FindingKind, Severity
+from stepscope.text.findings import finding_line, job_cost
 
 if TYPE_CHECKING:
-    Severity = str
-    FindingKind = str
-    Cause = str
     JobStatus = str
 else:
-    Severity = Literal[schema.SEVERITIES]
-    FindingKind = Literal[schema.FINDING_KINDS]
-    Cause = Literal[schema.CAUSES]
     JobStatus = Literal[query.JOB_STATUSES]
 
 Floats = list[float | None]
@@ -62,6 +57,8 @@ class ValidationErrorRead(BaseModel):
 class JobRead(BaseModel):
     """One job of the list; summary figures and finding counts are null before analysis."""
 
+    model_config = ConfigDict(from_attributes=True)
+
     job_id: str
     name: str | None
     benchmark_key: str | None
@@ -80,7 +77,7 @@ class JobRead(BaseModel):
 
     @classmethod
     def of(cls, row: query.JobRow) -> JobRead:
-        return cls(**{name: getattr(row, name) for name in cls.model_fields})
+        return cls.model_validate(row)
 
 
 class JobsPage(BaseModel):
@@ -97,6 +94,8 @@ class JobsPage(BaseModel):
 class JobSummaryRead(BaseModel):
     """A job: size, progress, status, steady-state figures (null until first analysed),
     the data, compute and comm-wait shares of the ranks' step time, findings by severity."""
+
+    model_config = ConfigDict(from_attributes=True)
 
     job_id: str
     name: str | None
@@ -129,7 +128,7 @@ class JobSummaryRead(BaseModel):
 
     @classmethod
     def of(cls, summary: query.JobSummary) -> JobSummaryRead:
-        return cls(**{name: getattr(summary, name) for name in cls.model_fields})
+        return cls.model_validate(summary)
 
 
 class FindingRead(BaseModel):
@@ -391,6 +390,8 @@ class GpuRead(BaseModel):
 class DifferenceRead(BaseModel):
     """One figure of both jobs: candidate − baseline and candidate / baseline − 1."""
 
+    model_config = ConfigDict(from_attributes=True)
+
     name: str
     baseline: float | None
     candidate: float | None
@@ -400,11 +401,13 @@ class DifferenceRead(BaseModel):
 
     @classmethod
     def of(cls, d: query.Difference) -> DifferenceRead:
-        return cls(**{name: getattr(d, name) for name in cls.model_fields})
+        return cls.model_validate(d)
 
 
 class ComponentDifferenceRead(BaseModel):
     """A time component: its share of the ranks' step time and its seconds per step."""
+
+    model_config = ConfigDict(from_attributes=True)
 
     component: str
     share: DifferenceRead
@@ -414,6 +417,8 @@ class ComponentDifferenceRead(BaseModel):
 class ComparisonRead(BaseModel):
     """A candidate job against a baseline: both summaries and the differences."""
 
+    model_config = ConfigDict(from_attributes=True)
+
     baseline: JobSummaryRead
     candidate: JobSummaryRead
     same_benchmark_key: bool
@@ -422,20 +427,7 @@ class ComparisonRead(BaseModel):
 
     @classmethod
     def of(cls, c: query.Comparison) -> ComparisonRead:
-        return cls(
-            baseline=JobSummaryRead.of(c.baseline),
-            candidate=JobSummaryRead.of(c.candidate),
-            same_benchmark_key=c.same_benchmark_key,
-            metrics=[DifferenceRead.of(d) for d in c.metrics],
-            components=[
-                ComponentDifferenceRead(
-                    component=d.component,
-                    share=DifferenceRead.of(d.share),
-                    seconds=DifferenceRead.of(d.seconds),
-                )
-                for d in c.components
-            ],
-        )
+        return cls.model_validate(c)
 
 
 class DeletedRead(BaseModel):

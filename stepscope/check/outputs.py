@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepscope.analysis.regression import CheckResult, MetricVerdict
+from stepscope.text import numbers
 
 TITLE = "stepscope check"
 _LABELS = {"pass": "pass", "regression": "REGRESSION", "inconclusive": "inconclusive"}
@@ -33,20 +34,9 @@ class Context:
     exit_code: int
 
 
-def format_value(metric: str, value: float | None) -> str:
-    """A metric's value with its unit: ms/s for times, tokens/s with k/M, MFU in %."""
-    if value is None or not math.isfinite(value):
-        return "–"
-    if metric == "mfu":
-        return f"{value:.2%}"
-    if metric.endswith("_per_s"):
-        for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if abs(value) >= scale:
-                return f"{value / scale:.4g}{suffix}/s"
-        return f"{value:.4g}/s"
-    if abs(value) < 1e-3:
-        return f"{value * 1e6:.4g} µs"
-    return f"{value * 1e3:.4g} ms" if abs(value) < 1 else f"{value:.4g} s"
+def _value(metric: str, value: float | None) -> str:
+    """A metric's value as the gate's tables show it: 4 significant digits, with its unit."""
+    return numbers.value(metric, value, precise=True)
 
 
 def verdict_label(v: MetricVerdict) -> str:
@@ -58,13 +48,13 @@ def verdict_label(v: MetricVerdict) -> str:
 
 
 def _change(v: MetricVerdict) -> str:
-    return "–" if v.effect is None else f"{v.effect:+.1%}"
+    return numbers.signed_share(v.effect)
 
 
 def _limit(v: MetricVerdict) -> str:
     if v.limit is None:
-        return "–"
-    return ("≥ " if v.higher_is_better else "≤ ") + format_value(v.metric, v.limit)
+        return numbers.UNKNOWN
+    return ("≥ " if v.higher_is_better else "≤ ") + _value(v.metric, v.limit)
 
 
 def headline(result: CheckResult, context: Context) -> str:
@@ -85,7 +75,7 @@ def explanation(result: CheckResult) -> list[str]:
     step = result.verdict("step_s")
     if a is not None and a.components and step is not None and step.outcome == "regression":
         parts = [
-            f"{c.metric} +{format_value(c.metric, c.change_s)} ({c.share:.0%} of the change)"
+            f"{c.metric} +{_value(c.metric, c.change_s)} ({c.share:.0%} of the change)"
             for c in a.components
             if c.change_s > 0 and math.isfinite(c.share) and c.share >= MIN_SHARE
         ]
@@ -127,8 +117,8 @@ def terminal(result: CheckResult, context: Context) -> RenderableType:
     for v in result.metrics:
         table.add_row(
             v.metric,
-            format_value(v.metric, v.baseline),
-            format_value(v.metric, v.candidate),
+            _value(v.metric, v.baseline),
+            _value(v.metric, v.candidate),
             _change(v),
             _limit(v),
             Text(verdict_label(v), style=_STYLES[v.outcome]),
@@ -157,15 +147,15 @@ def to_json(result: CheckResult, context: Context) -> bytes:
 def _numbers(v: MetricVerdict) -> str:
     """The numbers behind one verdict, one per line."""
     rows: list[tuple[str, Any]] = [
-        ("candidate", format_value(v.metric, v.candidate)),
-        ("baseline (geometric mean)", format_value(v.metric, v.baseline)),
+        ("candidate", _value(v.metric, v.candidate)),
+        ("baseline (geometric mean)", _value(v.metric, v.baseline)),
         (
             "baseline range",
-            f"{format_value(v.metric, v.baseline_min)} – {format_value(v.metric, v.baseline_max)}",
+            f"{_value(v.metric, v.baseline_min)} – {_value(v.metric, v.baseline_max)}",
         ),
         ("change", _change(v)),
         ("limit", _limit(v)),
-        ("p-value", "–" if v.p_value is None else f"{v.p_value:.3g}"),
+        ("p-value", numbers.UNKNOWN if v.p_value is None else f"{v.p_value:.3g}"),
         ("alpha (corrected)", f"{v.alpha:.3g}"),
         ("baselines", v.num_baselines),
     ]
@@ -228,8 +218,8 @@ def to_markdown(result: CheckResult, context: Context) -> str:
     for v in result.metrics:
         cells = (
             f"`{v.metric}`",
-            format_value(v.metric, v.baseline),
-            format_value(v.metric, v.candidate),
+            _value(v.metric, v.baseline),
+            _value(v.metric, v.candidate),
             _change(v),
             _limit(v),
             f"**{verdict_label(v)}**" if v.outcome == "regression" else verdict_label(v),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
 
 import typer
 from rich import box
@@ -11,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
-from stepscope.describe import finding_line
 from stepscope.schema import Finding
+from stepscope.text.findings import finding_line
+from stepscope.text.numbers import integer, known, rate, seconds, share, when
 
 
 def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
@@ -35,12 +35,12 @@ def print_jobs(page: JobsPage) -> None:
         table.add_row(
             j.job_id,
             j.status,
-            _int(j.world_size),
-            _seconds(j.step_p50_s),
-            _rate(j.tokens_per_s),
-            _share(j.mfu),
-            "/".join(_int(c) for c in counts) if j.num_info is not None else "",
-            _when(j.started_at, "%m-%d %H:%M"),
+            integer(j.world_size),
+            seconds(j.step_p50_s),
+            rate(j.tokens_per_s),
+            share(j.mfu),
+            "/".join(integer(c) for c in counts) if j.num_info is not None else "",
+            when(j.started_at, short=True),
         )
     Console().print(table)
     if page.next_cursor:
@@ -53,52 +53,33 @@ def print_summary(s: JobSummaryRead, findings: list[FindingRead]) -> None:
     lines = [f"job {s.job_id}{named}: {s.status}"]
     if s.benchmark_key:
         lines.append(f"benchmark key  {s.benchmark_key}")
-    size = f"{_int(s.world_size or s.num_ranks_seen)} ranks on {_int(s.num_nodes)} node(s)"
+    size = f"{integer(s.world_size or s.num_ranks_seen)} ranks on {integer(s.num_nodes)} node(s)"
     device = f", {s.device_name}" if s.device_name else ""
     peak = f", peak {s.peak_flops / 1e12:,.0f} TFLOP/s" if s.peak_flops else ", peak unknown"
     lines.append(f"size           {size}{device}{peak}")
     if s.first_step is not None:
-        lines.append(f"steps          {s.first_step}-{s.last_step} ({_int(s.num_steps)} rolled up)")
-    lines.append(f"started        {_when(s.started_at)}, last seen {_when(s.last_seen)}")
+        lines.append(
+            f"steps          {s.first_step}-{s.last_step} ({integer(s.num_steps)} rolled up)"
+        )
+    lines.append(f"started        {when(s.started_at)}, last seen {when(s.last_seen)}")
     if s.analysed_at is None:
         lines.append("not analysed yet: run `stepscope analyze JOB` or wait for the server")
     else:
         lines.append(
-            f"step time      p50 {_seconds(s.step_p50_s)}, p90 {_seconds(s.step_p90_s)}; "
-            f"{_rate(s.tokens_per_s)} tokens/s, {_rate(s.samples_per_s)} samples/s"
+            f"step time      p50 {seconds(s.step_p50_s)}, p90 {seconds(s.step_p90_s)}; "
+            f"{rate(s.tokens_per_s)} tokens/s, {rate(s.samples_per_s)} samples/s"
+        )
+        mfu = share(s.mfu) if known(s.mfu) else "unknown"
+        lines.append(
+            f"MFU            {mfu}; of the step: compute "
+            f"{share(s.compute_share)}, comm wait {share(s.comm_wait_share)}, "
+            f"data {share(s.data_share)}"
         )
         lines.append(
-            f"MFU            {_share(s.mfu) or 'unknown'}; of the step: compute "
-            f"{_share(s.compute_share)}, comm wait {_share(s.comm_wait_share)}, "
-            f"data {_share(s.data_share)}"
-        )
-        lines.append(
-            f"findings       {_int(s.num_critical)} critical, {_int(s.num_warning)} warning, "
-            f"{_int(s.num_info)} info"
+            f"findings       {integer(s.num_critical)} critical, {integer(s.num_warning)} warning, "
+            f"{integer(s.num_info)} info"
         )
     typer.echo("\n".join(lines))
     if findings:
         typer.echo("")
         print_finding_lines(findings)
-
-
-def _int(value: int | None) -> str:
-    return "?" if value is None else f"{value:,}"
-
-
-def _seconds(value: float | None) -> str:
-    return "" if value is None else f"{value:.3g} s"
-
-
-def _rate(value: float | None) -> str:
-    return "" if value is None else f"{value:,.0f}"
-
-
-def _share(value: float | None) -> str:
-    return "" if value is None else f"{value:.1%}"
-
-
-def _when(ts: float | None, format: str = "%Y-%m-%d %H:%M UTC") -> str:
-    if ts is None:
-        return "?"
-    return datetime.fromtimestamp(ts, UTC).strftime(format)

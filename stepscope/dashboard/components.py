@@ -13,9 +13,10 @@ from urllib.parse import quote
 import dash
 from dash import dcc, html
 
-from stepscope.dashboard import fmt, ids, signin
-from stepscope.dashboard.words import FindingText, finding_text, subject
+from stepscope.dashboard import ids, signin
 from stepscope.schema import Finding
+from stepscope.text.findings import FindingText, finding_text, subject
+from stepscope.text.numbers import known
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -110,7 +111,7 @@ def findings_list(job_id: str, findings: Sequence[Finding]) -> html.P | html.Ul:
 
 def finding_order(f: Finding) -> tuple[int, float, int]:
     """Most severe first, then the largest effect, then the earliest."""
-    effect = abs(f.effect) if f.effect is not None and fmt.known(f.effect) else 0.0
+    effect = abs(f.effect) if known(f.effect) else 0.0
     return _SEVERITY_ORDER.get(f.severity, 3), -effect, f.first_step or 0
 
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from stepscope import query
 from stepscope.analysis import rollups
-from stepscope.dashboard.figures import Event
+from stepscope.figures import Event
 from stepscope.query.jobs import MAX_LIMIT
 
 MAX_POINTS = 2000

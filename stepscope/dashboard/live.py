@@ -13,10 +13,11 @@ from typing import Any
 import dash
 from dash import Input, Output, Patch, State, html
 
-from stepscope import query
+from stepscope import figures, query
 from stepscope.analysis.config import AnalysisConfig
 from stepscope.dashboard import components as ui
-from stepscope.dashboard import context, data, figures, fmt, ids
+from stepscope.dashboard import context, data, ids
+from stepscope.text import numbers
 
 INTERVAL_MS = 10_000
 MAX_SEGMENTS = 30
@@ -44,7 +45,7 @@ def last_update_text(s: query.JobSummary) -> str:
     if s.last_step is not None:
         parts.append(f"steps to {s.last_step:,}")
     if s.last_seen is not None:
-        parts.append(f"last batch {fmt.ago(s.last_seen, now)}")
+        parts.append(f"last batch {numbers.ago(s.last_seen, now)}")
     return " · ".join(parts)
 
 
@@ -71,18 +72,18 @@ def status_note(s: query.JobSummary) -> html.Div | None:
 
 def header_cards(s: query.JobSummary) -> html.Div:
     """Status, size, step time, throughput, MFU, data and comm-wait shares, device."""
-    size = f"{fmt.integer(s.world_size or s.num_ranks_seen)} / {fmt.integer(s.num_nodes)}"
-    mfu = fmt.share(s.mfu) if s.peak_flops else "unknown (no peak)"
+    size = f"{numbers.integer(s.world_size or s.num_ranks_seen)} / {numbers.integer(s.num_nodes)}"
+    mfu = numbers.share(s.mfu) if s.peak_flops else "unknown (no peak)"
     return ui.cards(
         [
             ("status", s.status),
             ("ranks / nodes", size),
-            ("step time p50", fmt.seconds(s.step_p50_s)),
-            ("tokens/s", fmt.rate(s.tokens_per_s)),
+            ("step time p50", numbers.seconds(s.step_p50_s)),
+            ("tokens/s", numbers.rate(s.tokens_per_s)),
             ("MFU", mfu),
-            ("data wait", fmt.share(s.data_share)),
-            ("comm wait", fmt.share(s.comm_wait_share)),
-            ("device", s.device_name or fmt.UNKNOWN),
+            ("data wait", numbers.share(s.data_share)),
+            ("comm wait", numbers.share(s.comm_wait_share)),
+            ("device", s.device_name or numbers.UNKNOWN),
         ]
     )
 

@@ -12,15 +12,16 @@ import time
 from html import escape
 from typing import Any
 
-import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from stepscope import figures
 from stepscope.analysis.regression import CheckResult
 from stepscope.check import outputs
-from stepscope.report import figures
 from stepscope.report.collect import ReportData
+from stepscope.text import labels
+from stepscope.text.numbers import UNKNOWN, integer, rate, seconds, share, signed_share, value, when
 
 MAX_RANK_ROWS = 32
 """Ranks listed in the per-rank table (slowest first); the figure shows all."""
@@ -76,23 +77,17 @@ def _figure(fig: go.Figure, element_id: str) -> str:
     )
 
 
-def _time(ts: float | None) -> str:
-    if ts is None or not math.isfinite(ts):
-        return "–"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
-
-
 def _meta(data: ReportData, generated_at: float | None) -> str:
     s = data.summary
     items = [
         f"job <code>{escape(s.job_id)}</code>",
         f"status {escape(s.status)}",
-        f"benchmark <code>{escape(s.benchmark_key or '–')}</code>",
-        f"{s.world_size or s.num_ranks_seen or '?'} ranks on {s.num_nodes or '?'} node(s)",
+        f"benchmark <code>{escape(s.benchmark_key or UNKNOWN)}</code>",
+        f"{integer(s.world_size or s.num_ranks_seen)} ranks on {integer(s.num_nodes)} node(s)",
         escape(s.device_name or "unknown device"),
-        f"started {_time(s.started_at)}",
-        f"ended {_time(s.ended_at)}",
-        f"report generated {_time(generated_at or time.time())}",
+        f"started {when(s.started_at)}",
+        f"ended {when(s.ended_at)}",
+        f"report generated {when(generated_at or time.time())}",
     ]
     return " · ".join(items)
 
@@ -101,21 +96,17 @@ def _card(label: str, value: str) -> str:
     return f'<div class="card">{escape(label)}<b>{escape(value)}</b></div>'
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:.1%}"
-
-
 def _summary(data: ReportData) -> str:
     s = data.summary
     cards = [
         _card("steps rolled up", str(s.num_steps or 0)),
-        _card("step time p50", outputs.format_value("step_s", s.step_p50_s)),
-        _card("step time p90", outputs.format_value("step_s", s.step_p90_s)),
-        _card("tokens/s", outputs.format_value("tokens_per_s", s.tokens_per_s)),
-        _card("MFU", _pct(s.mfu)),
+        _card("step time p50", seconds(s.step_p50_s)),
+        _card("step time p90", seconds(s.step_p90_s)),
+        _card("tokens/s", rate(s.tokens_per_s)),
+        _card("MFU", share(s.mfu)),
         _card(
             "data / compute / comm wait",
-            f"{_pct(s.data_share)} / {_pct(s.compute_share)} / {_pct(s.comm_wait_share)}",
+            f"{share(s.data_share)} / {share(s.compute_share)} / {share(s.comm_wait_share)}",
         ),
         _card(
             "findings (critical / warning / info)",
@@ -137,9 +128,9 @@ def _verdict(result: CheckResult, benchmark_key: str | None) -> str:
     )
     rows = "".join(
         f"<tr><td><code>{escape(v.metric)}</code></td>"
-        f'<td class="num">{escape(outputs.format_value(v.metric, v.baseline))}</td>'
-        f'<td class="num">{escape(outputs.format_value(v.metric, v.candidate))}</td>'
-        f'<td class="num">{"–" if v.effect is None else f"{v.effect:+.1%}"}</td>'
+        f'<td class="num">{escape(value(v.metric, v.baseline, precise=True))}</td>'
+        f'<td class="num">{escape(value(v.metric, v.candidate, precise=True))}</td>'
+        f'<td class="num">{signed_share(v.effect)}</td>'
         f'<td class="{v.outcome}">{escape(outputs.verdict_label(v))}</td>'
         f"<td>{escape(v.reason)}</td></tr>"
         for v in result.metrics
@@ -179,55 +170,37 @@ def _series(data: ReportData) -> list[str]:
     band, tokens, mfu = data.band, data.tokens_per_s, data.mfu
     if band.step.size == 0:
         return ["<h2>Step time</h2><p>No steps rolled up yet.</p>"]
-    changes = [
-        (int(f.first_step), f"{f.metric} {f.effect:+.1%}")
-        for f in data.findings
-        if f.kind in ("throughput_drop", "throughput_gain")
-        and f.first_step is not None
-        and f.effect is not None
-    ]
-    html = [
-        "<h2>Step time</h2>",
-        _figure(figures.step_time_band(band.step, band.min, band.p50, band.max), "fig-band"),
-    ]
+    html = ["<h2>Step time</h2>", _figure(figures.band_figure(band, data.findings), "fig-band")]
     if tokens.step.size:
-        fig = figures.throughput(
-            tokens.step, tokens.value, mfu_steps=mfu.step, mfu=mfu.value, change_points=changes
-        )
+        fig = figures.rates_figure(tokens, mfu, data.findings)
         html += ["<h2>Throughput and MFU</h2>", _figure(fig, "fig-throughput")]
     return html
-
-
-def _num(x: float) -> str:
-    return "–" if not math.isfinite(x) else f"{x * 1e3:.2f}"
 
 
 def _ranks(data: ReportData) -> str:
     r = data.ranks
     if r.rank.size == 0:
         return "<h2>Ranks</h2><p>No ranks reported.</p>"
-    order = np.argsort(r.rank)
-    fig = figures.rank_breakdown(
-        [int(x) for x in r.rank[order]],
-        np.nan_to_num(r.median["data_s"][order]),
-        np.nan_to_num(r.median["compute_s"][order]),
-        np.nan_to_num(r.median["comm_wait_s"][order]),
-        nodes=[r.node[i] for i in order],
-    )
+    fig = figures.breakdown_figure(r, top=r.rank.size)
     rows = "".join(
-        f"<tr><td>{int(r.rank[i])}</td><td>{escape(r.node[i] or '–')}</td>"
+        f"<tr><td>{int(r.rank[i])}</td><td>{escape(r.node[i] or UNKNOWN)}</td>"
         + "".join(
-            f'<td class="num">{_num(float(r.median[m][i]))}</td>'
+            f'<td class="num">{seconds(float(r.median[m][i]))}</td>'
             for m in ("step_s", "data_s", "compute_s", "comm_wait_s")
         )
-        + f'<td class="num">{_pct(float(r.compute_excess[i]))}</td>'
-        f'<td class="num">{_pct(float(r.slowest_share[i]))}</td></tr>'
+        + f'<td class="num">{signed_share(float(r.compute_excess[i]))}</td>'
+        f'<td class="num">{share(float(r.slowest_share[i]))}</td></tr>'
         for i in range(min(r.rank.size, MAX_RANK_ROWS))
     )
-    header = (
-        "<tr><th>rank</th><th>node</th><th>step (ms)</th><th>data (ms)</th>"
-        "<th>compute (ms)</th><th>comm wait (ms)</th><th>compute excess</th>"
-        "<th>slowest in</th></tr>"
+    header = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "rank",
+            "node",
+            *(labels.component(m) for m in ("step_s", "data_s", "compute_s", "comm_wait_s")),
+            "compute excess",
+            "slowest in",
+        )
     )
     more = (
         f"<p class=meta>{r.rank.size - MAX_RANK_ROWS} more ranks in the figure.</p>"
@@ -237,7 +210,8 @@ def _ranks(data: ReportData) -> str:
     return (
         "<h2>Ranks</h2>"
         + _figure(fig, "fig-ranks")
-        + f"<p class=meta>Slowest first (own data + compute).</p><table>{header}{rows}</table>"
+        + "<p class=meta>Slowest first (own data + compute); median seconds per step.</p>"
+        + f"<table><tr>{header}</tr>{rows}</table>"
         + more
     )
 
@@ -253,14 +227,14 @@ def _findings(data: ReportData) -> str:
             else f"{f.first_step}–{f.last_step if f.last_step is not None else ''}"
         )
         cells: list[Any] = [
-            f.kind,
+            labels.kind(f.kind, long=True),
             f.severity,
             ",".join(map(str, f.ranks)),
             f.node or "",
             steps,
-            f.cause or "",
+            labels.cause(f.cause, long=True) if f.cause else "",
             f.metric or "",
-            "" if f.effect is None else f"{f.effect:+.1%}",
+            signed_share(f.effect) if f.effect is not None else "",
         ]
         row = "".join(f"<td>{escape(str(c))}</td>" for c in cells)
         rows.append(f'<tr class="{escape(f.severity)}">{row}</tr>')

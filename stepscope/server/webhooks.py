@@ -26,10 +26,10 @@ import orjson
 import sqlalchemy as sa
 
 from stepscope import __version__
-from stepscope.describe import finding_line
 from stepscope.schema import Finding
 from stepscope.store import deliveries
 from stepscope.store.deliveries import Delivery
+from stepscope.text.findings import finding_line
 
 log = logging.getLogger(__name__)
 

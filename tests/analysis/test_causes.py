@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze, with_causes
-from stepscope.describe import finding_line
 from stepscope.schema import Finding
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.text.findings import finding_line
 
 
 def _findings(**kwargs: object) -> list[Finding]:

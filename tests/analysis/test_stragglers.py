@@ -7,9 +7,9 @@ import polars as pl
 import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze
-from stepscope.describe import finding_line
 from stepscope.schema import Finding
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
+from stepscope.text.findings import finding_line
 
 
 def _analyze(spec: JobSpec, *, drop: tuple[str, ...] = (), **kwargs: object) -> list[Finding]:

@@ -8,9 +8,10 @@ from urllib.parse import urlencode
 import dash
 from dash import Input, Output, State, dcc, html
 
-from stepscope import query
+from stepscope import figures, query
 from stepscope.dashboard import components as ui
-from stepscope.dashboard import context, data, figures, fmt, ids
+from stepscope.dashboard import context, data, ids
+from stepscope.text import numbers
 
 _LABELS = {
     "step_p50_s": "step time p50",
@@ -102,7 +103,8 @@ def _table(c: query.Comparison) -> html.Table:
         better = None
         if d.relative is not None and d.higher_is_better is not None and d.relative != 0:
             better = (d.relative > 0) == d.higher_is_better
-        show = fmt.share if d.name == "mfu" else fmt.seconds if d.name.endswith("_s") else fmt.rate
+        show = (numbers.share if d.name == "mfu" else numbers.rate if d.name.endswith("_per_s")
+                else numbers.seconds)  # fmt: skip
         rows.append(_tr(_LABELS.get(d.name, d.name), show(d.baseline), show(d.candidate),
                         d.relative, better))  # fmt: skip
     for comp in c.components:
@@ -111,8 +113,8 @@ def _table(c: query.Comparison) -> html.Table:
         rows.append(
             _tr(
                 f"{comp.component.replace('_', ' ')} per step",
-                f"{fmt.seconds(s.baseline)} ({fmt.share(share.baseline)})",
-                f"{fmt.seconds(s.candidate)} ({fmt.share(share.candidate)})",
+                f"{numbers.seconds(s.baseline)} ({numbers.share(share.baseline)})",
+                f"{numbers.seconds(s.candidate)} ({numbers.share(share.candidate)})",
                 s.relative,
                 better,
             )
@@ -128,7 +130,7 @@ def _tr(label: str, base: str, cand: str, relative: float | None, better: bool |
             html.Td(label),
             html.Td(base),
             html.Td(cand),
-            html.Td(fmt.signed_share(relative), className=tone),
+            html.Td(numbers.signed_share(relative), className=tone),
         ]  # fmt: skip
     )
 

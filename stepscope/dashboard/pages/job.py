@@ -8,16 +8,14 @@ from urllib.parse import quote
 import dash
 from dash import Input, Output, State, dcc, html
 
-from stepscope import query
+from stepscope import figures, query
 from stepscope.dashboard import components as ui
-from stepscope.dashboard import context, data, figures, ids, live
+from stepscope.dashboard import context, data, ids, live
 from stepscope.dashboard.gestures import clicked_rank, step_range
+from stepscope.text.labels import component
 
 HEATMAP_METRICS = {
-    "compute_s": "compute",
-    "step_s": "step time",
-    "data_s": "data wait",
-    "comm_wait_s": "comm wait",
+    m: component(m, long=True) for m in ("compute_s", "step_s", "data_s", "comm_wait_s")
 }
 STEP_AXIS_ONLY = """(relayout) => Object.keys(relayout || {}).some((k) => k.startsWith("xaxis."))
     ? relayout : window.dash_clientside.no_update"""

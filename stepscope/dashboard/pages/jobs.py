@@ -10,8 +10,9 @@ import dash_ag_grid as dag
 from dash import Input, Output, State, dcc, html
 
 from stepscope import query
-from stepscope.dashboard import context, data, fmt, ids
+from stepscope.dashboard import context, data, ids
 from stepscope.dashboard.components import job_href, message
+from stepscope.text import numbers
 
 BLOCK_ROWS = 100
 SEVERITIES = ("critical", "warning", "info")
@@ -190,11 +191,11 @@ def _row(r: query.JobRow, now: float) -> dict[str, Any]:
         "status": r.status,
         "world_size": r.world_size,
         "num_nodes": r.num_nodes,
-        "started": fmt.when(r.started_at),
-        "duration": fmt.seconds(data.job_duration_s(r, now)),
-        "step_p50": fmt.seconds(r.step_p50_s),
-        "tokens_per_s": fmt.rate(r.tokens_per_s),
-        "mfu": fmt.share(r.mfu),
+        "started": numbers.when(r.started_at),
+        "duration": numbers.seconds(data.job_duration_s(r, now)),
+        "step_p50": numbers.seconds(r.step_p50_s),
+        "tokens_per_s": numbers.rate(r.tokens_per_s),
+        "mfu": numbers.share(r.mfu),
         "findings": badges or ("none" if analysed else "not analysed yet"),
         "num_critical": r.num_critical or 0,
         "num_warning": r.num_warning or 0,

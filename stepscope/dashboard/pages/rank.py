@@ -8,12 +8,13 @@ import dash
 import numpy as np
 from dash import dcc, html
 
-from stepscope import query
+from stepscope import figures, query
 from stepscope.dashboard import components as ui
-from stepscope.dashboard import context, data, figures, fmt, ids
+from stepscope.dashboard import context, data, ids
+from stepscope.text import numbers
+from stepscope.text.labels import component
 
-_METRICS = (("step_s", "step"), ("compute_s", "compute"), ("data_s", "data"),
-            ("comm_wait_s", "comm wait"))  # fmt: skip
+_METRICS = tuple((m, component(m)) for m in ("step_s", "compute_s", "data_s", "comm_wait_s"))
 
 
 def layout(job_id: str = "", rank: str = "", **_query: str) -> html.Div:
@@ -71,14 +72,14 @@ def _against_median(page: data.RankPage) -> list[Any]:
     for metric, label in _METRICS:
         mine = float(t.median[metric][i])
         median = mine - float(t.excess_s[metric][i])
-        relative = mine / median - 1.0 if fmt.known(median) and median > 0 else None
+        relative = mine / median - 1.0 if numbers.known(median) and median > 0 else None
         cards.append(
             ui.card(
-                f"{label} (job median {fmt.seconds(median)})",
-                f"{fmt.seconds(mine)} ({fmt.signed_share(relative)})",
+                f"{label} (job median {numbers.seconds(median)})",
+                f"{numbers.seconds(mine)} ({numbers.signed_share(relative)})",
             )
         )
-    cards.append(ui.card("slowest rank in", fmt.share(float(t.slowest_share[i])) + " of steps"))
+    cards.append(ui.card("slowest rank in", numbers.share(float(t.slowest_share[i])) + " of steps"))
     return cards
 
 
@@ -95,8 +96,8 @@ def _peers(job_id: str, page: data.RankPage) -> Any:
         html.Tr(
             [
                 html.Td(dcc.Link(str(int(t.rank[i])), href=ui.rank_href(job_id, int(t.rank[i])))),
-                *(html.Td(fmt.seconds(float(t.median[m][i]))) for m, _ in _METRICS),
-                html.Td(fmt.signed_share(float(t.step_excess[i]))),
+                *(html.Td(numbers.seconds(float(t.median[m][i]))) for m, _ in _METRICS),
+                html.Td(numbers.signed_share(float(t.step_excess[i]))),
             ]
         )
         for i in rows

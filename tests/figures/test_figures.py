@@ -1,4 +1,4 @@
-"""The dashboard's figures: query results in, plotly figures out, values read back."""
+"""The charts: query results in, plotly figures out, values read back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import numpy as np
 import plotly.io as pio
 import pytest
 
-from stepscope.dashboard import figures, words
-from stepscope.dashboard.gestures import clicked_rank, step_range
+from stepscope import figures
 from stepscope.query import (
     Band,
     CollectiveStats,
@@ -22,8 +21,8 @@ from stepscope.query import (
     RankTable,
     Series,
     SizeStats,
-    StoredFinding,
 )
+from tests.findings import straggler
 
 
 def _band(n: int = 5) -> Band:
@@ -41,30 +40,6 @@ def _series(metric: str, values: list[float]) -> Series:
         value=np.array(values, dtype=np.float64),
         num_steps=len(values),
     )
-
-
-def _finding(**kw: object) -> StoredFinding:
-    base: dict[str, object] = {
-        "id": 1,
-        "job_id": "j",
-        "kind": "straggler_rank",
-        "severity": "critical",
-        "ranks": [5],
-        "node": "node-0001",
-        "first_step": 20,
-        "metric": "step_s",
-        "expected": 0.5,
-        "observed": 0.65,
-        "effect": 0.3,
-        "cause": "compute",
-        "evidence": {
-            "component": "compute_s",
-            "rank_median_s": 0.62,
-            "peers_median_s": 0.47,
-            "synchronous": True,
-        },
-    }
-    return StoredFinding(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def _heatmap(nodes: list[str | None] | None = None) -> Heatmap:
@@ -88,7 +63,7 @@ def _wire(fig: object) -> dict[str, object]:
 
 def test_band_holds_min_median_max_and_marks_findings() -> None:
     band = _band()
-    fig = figures.band_figure(band, [_finding()])
+    fig = figures.band_figure(band, [straggler()])
     by_name = {t.name: t for t in fig.data}
     np.testing.assert_allclose(by_name["min"].y, band.min, rtol=1e-6)
     np.testing.assert_allclose(by_name["median rank"].y, band.p50, rtol=1e-6)
@@ -131,12 +106,12 @@ def test_empty_band_says_so() -> None:
 
 
 def test_rates_mark_change_points() -> None:
-    drop = _finding(kind="throughput_drop", ranks=[], node=None, first_step=3, effect=-0.2,
+    drop = straggler(kind="throughput_drop", ranks=[], node=None, first_step=3, effect=-0.2,
                     metric="tokens_per_s")  # fmt: skip
     fig = figures.rates_figure(
         _series("tokens_per_s", [100.0, 100.0, 100.0, 80.0]),
         _series("mfu", [0.5, 0.5, 0.5, 0.4]),
-        [drop, _finding()],
+        [drop, straggler()],
     )
     tokens, mfu = fig.data
     np.testing.assert_allclose(tokens.y, [100, 100, 100, 80])
@@ -311,49 +286,3 @@ def test_live_traces_are_json_with_typed_arrays() -> None:
     assert mid["y"]["dtype"] == "f4"
     assert high["fill"] == "tonexty"
     assert not mid["showlegend"]
-
-
-def test_findings_in_plain_words() -> None:
-    text = words.finding_text(_finding())
-    assert text.title == "Straggler rank"
-    assert words.subject(text) == "rank 5 on node-0001"
-    assert text.when == "since step 20 (ongoing)"
-    assert text.cause == "slower compute on its GPU"
-    assert text.effect == "step time +30.0% (650 ms against 500 ms expected)"
-    assert text.cost == "costs the job 23.1% of its step time"
-    assert text.evidence[0] == (
-        "Its median compute is 620 ms per step against 470 ms on the other ranks."
-    )
-
-
-def test_heatmap_zoom_and_clicks() -> None:
-    assert step_range({"xaxis.range[0]": 10.4, "xaxis.range[1]": 99.6}) == (10, 100)
-    assert step_range({"xaxis.range": [-5, 20]}) == (0, 21)
-    assert step_range({"xaxis.autorange": True}) == (None, None)
-    assert step_range({"yaxis.range[0]": 1, "yaxis.range[1]": 2}) is None
-    assert clicked_rank({"points": [{"customdata": 7}]}) == 7
-    assert clicked_rank({"points": [{"y": "12–15 · node-3"}]}) == 12
-    assert clicked_rank({"points": []}) is None
-
-
-def test_evidence_says_what_a_straggler_costs_and_what_caused_a_change() -> None:
-    impact = {"step_share": 0.02, "step_s": 0.01, "gpus": 20.5, "method": "slowest_arrival"}
-    straggler = _finding(evidence={"impact": impact})
-    assert "shorter with it at the median: the work of 20.5 GPUs." in " ".join(
-        words.evidence_lines(straggler)
-    )
-    caused = _finding(
-        kind="throughput_drop",
-        metric="tokens_per_s",
-        evidence={
-            "scope": "ranks",
-            "caused_by": [
-                {"kind": "straggler_rank", "ranks": [5], "node": None, "first_step": 150}
-            ],
-        },
-    )
-    assert words.evidence_lines(caused)[-1] == (
-        f"It starts with a {words.KINDS['straggler_rank']} (5, from step 150)."
-    )
-    wide = _finding(kind="throughput_drop", evidence={"scope": "job-wide", "caused_by": []})
-    assert "the whole job changed" in words.evidence_lines(wide)[-1]

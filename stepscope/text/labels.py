@@ -1,0 +1,85 @@
+"""What finding kinds, causes and time components are called: a short label for a line or a
+chart, a long one for a sentence or a title."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, cast
+
+from stepscope.schema import Cause, Component, FindingKind
+
+
+class Label(NamedTuple):
+    short: str
+    """For a terminal line, a legend or an axis: "straggler", "comm wait"."""
+    long: str
+    """For a title or a sentence: "Straggler rank", "waiting on collectives"."""
+
+
+KINDS: dict[FindingKind, Label] = {
+    "straggler_rank": Label("straggler", "Straggler rank"),
+    "straggler_node": Label("slow node", "Slow node"),
+    "dataloader_stall": Label("dataloader stall", "Dataloader stall"),
+    "slow_collective": Label("slow collective", "Slow collective"),
+    "gpu_throttling": Label("GPU throttling", "GPU throttling"),
+    "throughput_drop": Label("throughput drop", "Throughput drop"),
+    "throughput_gain": Label("throughput gain", "Throughput gain"),
+    "mfu_low": Label("low MFU", "Low MFU"),
+    "peak_unknown": Label("peak FLOP/s unknown", "Peak FLOP/s unknown"),
+}
+CAUSES: dict[Cause, Label] = {
+    "data": Label("data", "waiting for data (the input pipeline)"),
+    "compute": Label("compute", "slower compute on its GPU"),
+    "communication": Label("communication", "slower collectives (network or NVLink)"),
+    "gpu_throttling": Label("gpu_throttling", "a throttled GPU (clocks held down)"),
+    "host": Label("host", "the host (CPU, memory or OS)"),
+    "unknown": Label("unknown", "not determined"),
+}
+COMPONENTS: dict[Component, Label] = {
+    "step_s": Label("step", "step time"),
+    "data_s": Label("data", "data loading"),
+    "compute_s": Label("compute", "compute"),
+    "comm_wait_s": Label("comm wait", "waiting on collectives"),
+    "collective_finish_s": Label("comm", "time to finish collectives"),
+}
+THROTTLE_REASONS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock setting",
+}
+"""NVML clocks-event reasons by bit."""
+
+
+def kind(name: str, *, long: bool = False) -> str:
+    """A finding kind's label; an unknown name (from an older or newer server) in words."""
+    label = KINDS.get(cast(FindingKind, name))
+    if label is None:
+        words = name.replace("_", " ")
+        return words.capitalize() if long else words
+    return label.long if long else label.short
+
+
+def cause(name: str, *, long: bool = False) -> str:
+    """A cause's label (its name when unknown)."""
+    label = CAUSES.get(cast(Cause, name))
+    if label is None:
+        return name
+    return label.long if long else label.short
+
+
+def component(name: str, *, long: bool = False, default: str | None = None) -> str:
+    """A time component's label: `default` (else the name itself) when it is not one."""
+    label = COMPONENTS.get(cast(Component, name))
+    if label is None:
+        return name if default is None else default
+    return label.long if long else label.short
+
+
+def throttle_reasons(mask: int) -> list[str]:
+    """Names of the NVML clocks-event reasons set in `mask`."""
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
