@@ -4,6 +4,7 @@ the dashboard claims only its own paths (it shadows no API route)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     with run_server(db_url, extra_args=["--auth"]) as server:
         job = generate(JobSpec(job_id=JOB, num_ranks=2, num_steps=40, seed=1))
         job.job["name"] = NAME
-        stats = stream_job(job, server.url, token=tokens["ingest"], steps_per_batch=20)
+        # In a thread of its own: when the browser tests ran first in this process,
+        # Playwright's sync API keeps an event loop running in this one.
+        with ThreadPoolExecutor(1) as pool:
+            stats = pool.submit(
+                stream_job, job, server.url, token=tokens["ingest"], steps_per_batch=20
+            ).result()
         assert not stats.failures, stats.failures
         yield Secured(server=server, tokens=tokens)
 
