@@ -102,3 +102,15 @@ def _when(ts: float | None, format: str = "%Y-%m-%d %H:%M UTC") -> str:
     if ts is None:
         return "?"
     return datetime.fromtimestamp(ts, UTC).strftime(format)
+
+
+def print_findings(findings: list[Finding], output: str) -> None:
+    """Findings of an analysis one readable line each, or as JSON (--format json)."""
+    import orjson
+
+    if output == "json":
+        typer.echo(
+            orjson.dumps([f.to_dict() for f in findings], option=orjson.OPT_INDENT_2).decode()
+        )
+        return
+    print_finding_lines(findings)
