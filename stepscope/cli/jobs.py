@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from stepscope.client import JobStore
 
 T = TypeVar("T")
+JobIdArgument = Annotated[str, typer.Argument(help="A stored job")]
 
 
 def _reading(
@@ -144,7 +145,7 @@ def jobs(
 
 
 def show(
-    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    job_id: JobIdArgument,
     output: OutputOption = "text",
     url: UrlOption = None,
     token: TokenOption = None,
@@ -165,7 +166,7 @@ def show(
 
 
 def findings(
-    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    job_id: JobIdArgument,
     output: OutputOption = "text",
     url: UrlOption = None,
     token: TokenOption = None,
@@ -184,7 +185,7 @@ def findings(
 
 
 def export(
-    job_id: Annotated[str, typer.Argument(help="A stored job")],
+    job_id: JobIdArgument,
     out: Annotated[Path, typer.Option("-o", "--output", help="File to write; - for stdout")],
     table: Annotated[
         str, typer.Option("--table", help="steps, collectives, gpu, events or findings")
