@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from stepscope.cli.options import DbOption, database_url, errors, fail
+from stepscope.cli.options import DbOption, database_url, fail, stderr
 
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 token_app = typer.Typer(no_args_is_help=True, help="API tokens.")
@@ -21,7 +21,7 @@ def db_upgrade(db: DbOption = None) -> None:
 
     engine = make_engine(database_url(db))
     upgrade(engine)
-    errors.print(f"database at revision {current_revision(engine)}")
+    stderr.print(f"database at revision {current_revision(engine)}")
 
 
 _DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -65,7 +65,7 @@ def db_prune(
     result = prune(engine, before=time.time() - _duration_s(older_than), keep_rollups=keep_rollups)
     rows = sum(result.deleted_rows.values())
     what = "raw rows of" if keep_rollups else "everything about"
-    errors.print(f"pruned {what} {len(result.job_ids)} job(s): {rows} rows deleted")
+    stderr.print(f"pruned {what} {len(result.job_ids)} job(s): {rows} rows deleted")
 
 
 @token_app.command("create")

@@ -17,10 +17,10 @@ from stepscope.cli.options import (
     DbOption,
     TokenOption,
     UrlOption,
-    errors,
     fail,
     open_database,
     open_store,
+    stderr,
 )
 
 if TYPE_CHECKING:
@@ -194,4 +194,4 @@ def report(
         html_file.write_text(render(data), encoding="utf-8")
     except OSError as exc:
         raise fail(f"cannot write {html_file}: {exc}") from None
-    errors.print(f"report of {job_id} written to {html_file}")
+    stderr.print(f"report of {job_id} written to {html_file}")

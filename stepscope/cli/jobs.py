@@ -16,9 +16,9 @@ from stepscope.cli.options import (
     UrlOption,
     checked_output,
     database_url,
-    errors,
     fail,
     open_store,
+    stderr,
 )
 
 if TYPE_CHECKING:
@@ -220,4 +220,4 @@ def export(
 
     size = _reading(db, url, token, write)
     if str(out) != "-":
-        errors.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")
+        stderr.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")

@@ -13,7 +13,7 @@ from rich.markup import escape
 if TYPE_CHECKING:
     from stepscope.client import JobStore, LocalStore
 
-errors = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False)
 """Where commands say what they did and what went wrong (stdout carries their output)."""
 
 DbOption = Annotated[
@@ -37,7 +37,7 @@ OutputOption = Annotated[str, typer.Option("--format", help="text or json")]
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print an expected error without a traceback; raise the returned Exit."""
-    errors.print(f"[bold red]error:[/] {escape(message)}")
+    stderr.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 

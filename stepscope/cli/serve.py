@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stepscope.cli.options import DbOption, database_url, errors, fail
+from stepscope.cli.options import DbOption, database_url, fail, stderr
 
 
 def serve(
@@ -62,7 +62,7 @@ def serve(
         raise fail("; ".join(problems)) from None
     except (ValueError, SchemaOutdatedError) as exc:
         raise fail(str(exc)) from None
-    errors.print(f"stepscope serving on http://{host}:{port} (database: {settings.database_url})")
+    stderr.print(f"stepscope serving on http://{host}:{port} (database: {settings.database_url})")
     uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stepscope.cli.options import errors, fail
+from stepscope.cli.options import fail, stderr
 
 
 def _parse_straggler(text: str) -> Any:
@@ -77,6 +77,6 @@ def simulate(
     )
     if stats.failures:
         raise fail(f"{len(stats.failures)} batch(es) failed, first: {stats.failures[0]}", code=1)
-    errors.print(
+    stderr.print(
         f"job {spec.job_id}: {stats.batches} batches, {stats.rows} rows in {stats.elapsed_s:.1f} s"
     )
