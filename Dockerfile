@@ -1,9 +1,9 @@
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY stepscope ./stepscope
 COPY migrations ./migrations
-# Editable install: the server finds its Alembic migrations in /app/migrations.
-RUN pip install --no-cache-dir -e '.[server]'
+# A regular install: the wheel carries the Alembic migrations as stepscope.migrations.
+RUN pip install --no-cache-dir '.[server]' && rm -rf /app/*
 EXPOSE 8000
 CMD ["stepscope", "serve", "--host", "0.0.0.0", "--port", "8000", "--auth"]

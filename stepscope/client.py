@@ -1,11 +1,13 @@
-"""Reading stored jobs from a server (REST API) or straight from a database, alike.
+"""Stored jobs, read alike from a database (LocalStore) or a stepscope server (RemoteStore).
 
-Both readers return the API's response models, so the CLI prints the same thing whichever
-it reads from; a StoreReader builds them with the same query functions the routes call.
+Both return the API's response models, so a command prints the same thing whichever it
+reads; a LocalStore builds them with the same query functions the routes call. Both also
+give the CI gate a job's step rollups and rank levels (JobData) and its history.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +15,18 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
+import polars as pl
 import sqlalchemy as sa
 from pydantic import TypeAdapter
 
 from stepscope import __version__, query
+from stepscope.analysis.regression import JobData
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 
 
-class ReadError(Exception):
-    """What went wrong reading, said for a user (unknown job, bad filter, unreachable server)."""
+class StoreError(Exception):
+    """What went wrong opening or reading, said for a user (no database, outdated schema,
+    unknown job, bad filter, unreachable server)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +42,12 @@ class JobsRequest:
     limit: int = 50
 
 
-class Reader(Protocol):
+class JobStore(Protocol):
+    """Stored jobs, from a database or a server; every method raises StoreError."""
+
+    where: str
+    """Where the jobs are, for messages (a database URL without its password, or a URL)."""
+
     def jobs(self, request: JobsRequest) -> JobsPage: ...
 
     def summary(self, job_id: str) -> JobSummaryRead: ...
@@ -46,22 +56,145 @@ class Reader(Protocol):
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]: ...
 
+    def gate_data(self, job_id: str) -> JobData:
+        """The job's step rollups and rank levels, as the CI gate compares them."""
+        ...
+
+    def history(
+        self, benchmark_key: str, *, last: int, started_before: float | None, exclude: list[str]
+    ) -> list[str]:
+        """Ids of the last finished jobs of the key started before this time, newest first."""
+        ...
+
     def close(self) -> None: ...
 
 
 _FINDINGS = TypeAdapter(list[FindingRead])
+T = TypeVar("T")
 
 
-class HttpReader:
-    """Reads through a stepscope server's REST API."""
+class LocalStore:
+    """A stepscope database, read in-process through stepscope.query."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.where = engine.url.render_as_string(hide_password=True)
+
+    @classmethod
+    def open(cls, database_url: str) -> LocalStore:
+        """The database at this URL; StoreError if it is missing, unreadable or not at the
+        latest migration (it is never upgraded here: `stepscope db upgrade` does that)."""
+        from stepscope.store.engine import make_engine
+        from stepscope.store.migrate import SchemaOutdatedError, ensure_current
+
+        path = sqlite_path(database_url)
+        if path is not None and not path.is_file():
+            raise StoreError(
+                f"no database at {path}: pass --db URL, or --url of a stepscope server"
+            )
+        store = cls(make_engine(database_url))
+        try:
+            ensure_current(store.engine, auto_upgrade=False)
+        except SchemaOutdatedError as exc:
+            store.close()
+            raise StoreError(f"{store.where}: {exc}") from None
+        except sa.exc.DBAPIError as exc:
+            store.close()
+            raise StoreError(f"cannot open {store.where}: {exc.orig}") from None
+        return store
+
+    def jobs(self, request: JobsRequest) -> JobsPage:
+        def read() -> JobsPage:
+            filters = query.JobFilters(
+                status=request.status,
+                benchmark_key=request.benchmark_key,
+                name_contains=request.name,
+                min_severity=request.min_severity,
+            )
+            page = query.list_jobs(
+                self.engine, filters, sort=request.sort, cursor=request.cursor, limit=request.limit
+            )
+            return JobsPage.of(page)
+
+        return _guarded(read)
+
+    def summary(self, job_id: str) -> JobSummaryRead:
+        return _guarded(lambda: JobSummaryRead.of(query.job_summary(self.engine, job_id)))
+
+    def findings(self, job_id: str) -> list[FindingRead]:
+        return _guarded(lambda: [FindingRead.of(f) for f in query.findings(self.engine, job_id)])
+
+    def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
+        return _guarded(lambda: query.export(self.engine, job_id, table, format))
+
+    def gate_data(self, job_id: str) -> JobData:
+        from stepscope.query import history
+
+        started_at = self.summary(job_id).started_at
+        rollup = history.gate_rollup(self.engine, job_id)
+        if rollup.is_empty():
+            raise StoreError(
+                f"job {job_id!r} has no step rollups yet: run `stepscope analyze {job_id}` "
+                "(or wait for the server's analyzer)"
+            )
+        ranks = history.rank_levels(self.engine, job_id)
+        return JobData(
+            job_id=job_id,
+            rollup=rollup,
+            ranks=ranks if not ranks.is_empty() else None,
+            started_at=started_at,
+        )
+
+    def history(
+        self, benchmark_key: str, *, last: int, started_before: float | None, exclude: list[str]
+    ) -> list[str]:
+        from stepscope.query import history
+
+        rows = _guarded(
+            lambda: history.comparable_jobs(
+                self.engine,
+                benchmark_key,
+                last=last,
+                started_before=started_before,
+                exclude=exclude,
+            )
+        )
+        return [r.job_id for r in rows]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _guarded(read: Callable[[], T]) -> T:
+    try:
+        return read()
+    except (query.JobNotFound, ValueError) as exc:
+        raise StoreError(str(exc)) from None
+
+
+API_MAX_POINTS = 10_000
+"""Points the API returns per series: longer jobs are read in step ranges of this size."""
+_API_SERIES = {
+    "step_s_max": ("step_s", "max"),
+    "data_s_max": ("data_s", "max"),
+    "comm_wait_s_min": ("comm_wait_s", "min"),
+    "num_ranks": ("num_ranks", None),
+    "tokens_per_s": ("tokens_per_s", None),
+    "mfu": ("mfu", None),
+}
+"""Step-rollup columns the gate reads ← the API series (metric, agg across ranks)."""
+
+
+class RemoteStore:
+    """The jobs of a stepscope server, read through its REST API (/api/v1)."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 60.0) -> None:
         headers = {"User-Agent": f"stepscope/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._url = url.rstrip("/")
+        self.where = url.rstrip("/")
         self._client = httpx.Client(
-            base_url=f"{self._url}/api/v1", headers=headers, timeout=timeout_s
+            base_url=f"{self.where}/api/v1", headers=headers, timeout=timeout_s
         )
 
     def jobs(self, request: JobsRequest) -> JobsPage:
@@ -85,23 +218,94 @@ class HttpReader:
         try:
             response = self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise ReadError(f"cannot reach {self._url}: {exc}") from None
+            raise StoreError(f"cannot reach {self.where}: {exc}") from None
         if not response.is_success:
             response.read()
             response.close()
-            raise ReadError(_error_text(response))
+            raise StoreError(_error_text(response))
         return _streamed(response)
+
+    def gate_data(self, job_id: str) -> JobData:
+        info = self.summary(job_id)
+        if not info.num_steps or info.first_step is None or info.last_step is None:
+            raise StoreError(f"job {job_id!r} on {self.where} has no rolled-up steps yet")
+        first, last = info.first_step, info.last_step
+        frames = []
+        for column, (metric, agg) in _API_SERIES.items():
+            parts = [
+                self._series(job_id, column, metric, agg, lo, min(last, lo + API_MAX_POINTS - 1))
+                for lo in range(first, last + 1, API_MAX_POINTS)
+            ]
+            frames.append(pl.concat(parts))
+        rollup = frames[0]
+        for frame in frames[1:]:
+            rollup = rollup.join(frame, on="step", how="left")
+        rollup = rollup.with_columns(
+            (pl.col("tokens_per_s") * pl.col("step_s_max")).alias("tokens"),
+            pl.col("num_ranks").fill_null(0),
+        )
+        rows = self._json(f"/jobs/{_quoted(job_id)}/ranks").get("ranks", [])
+        ranks = pl.DataFrame(
+            {
+                "rank": [r["rank"] for r in rows],
+                "node": [r.get("node") for r in rows],
+                "data_s": [r["median_s"].get("data_s") for r in rows],
+                "compute_s": [r["median_s"].get("compute_s") for r in rows],
+            },
+            schema={
+                "rank": pl.Int64,
+                "node": pl.String,
+                "data_s": pl.Float64,
+                "compute_s": pl.Float64,
+            },
+        ).drop_nulls(["data_s", "compute_s"])
+        return JobData(
+            job_id=job_id,
+            rollup=rollup.sort("step"),
+            ranks=ranks if ranks.height else None,
+            started_at=info.started_at,
+        )
+
+    def _series(
+        self, job_id: str, column: str, metric: str, agg: str | None, lo: int, hi: int
+    ) -> pl.DataFrame:
+        """One step range of a series, whole (the range holds at most max_points steps)."""
+        params = {"metric": metric, "agg": agg, "from_step": lo, "to_step": hi}
+        doc = self._json(
+            f"/jobs/{_quoted(job_id)}/timeseries", params | {"max_points": API_MAX_POINTS}
+        )
+        return pl.DataFrame(
+            {"step": doc["step"], column: doc["value"]},
+            schema={"step": pl.Int64, column: pl.Float64},
+        )
+
+    def history(
+        self, benchmark_key: str, *, last: int, started_before: float | None, exclude: list[str]
+    ) -> list[str]:
+        params = {
+            "benchmark_key": benchmark_key,
+            "status": "finished",
+            "sort": "-started_at",
+            "limit": last + len(exclude),
+            "started_before": started_before,
+        }
+        ids = [j["job_id"] for j in self._json("/jobs", params)["jobs"]]
+        return [i for i in ids if i not in exclude][:last]
 
     def close(self) -> None:
         self._client.close()
 
+    def _json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return json.loads(self._get(path, params))
+
     def _get(self, path: str, params: dict[str, Any] | None = None) -> bytes:
+        kept = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._client.get(path, params=params)
+            response = self._client.get(path, params=kept)
         except httpx.HTTPError as exc:
-            raise ReadError(f"cannot reach {self._url}: {exc}") from None
+            raise StoreError(f"cannot reach {self.where}: {exc}") from None
         if not response.is_success:
-            raise ReadError(_error_text(response))
+            raise StoreError(_error_text(response))
         return response.content
 
 
@@ -128,50 +332,6 @@ def _error_text(response: httpx.Response) -> str:
     else:
         hint = ""
     return f"{detail or response.reason_phrase} [HTTP {response.status_code}]{hint}"
-
-
-class StoreReader:
-    """Reads a stepscope database in-process through stepscope.query."""
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self._engine = engine
-
-    def jobs(self, request: JobsRequest) -> JobsPage:
-        def read() -> JobsPage:
-            filters = query.JobFilters(
-                status=request.status,
-                benchmark_key=request.benchmark_key,
-                name_contains=request.name,
-                min_severity=request.min_severity,
-            )
-            page = query.list_jobs(
-                self._engine, filters, sort=request.sort, cursor=request.cursor, limit=request.limit
-            )
-            return JobsPage.of(page)
-
-        return _guarded(read)
-
-    def summary(self, job_id: str) -> JobSummaryRead:
-        return _guarded(lambda: JobSummaryRead.of(query.job_summary(self._engine, job_id)))
-
-    def findings(self, job_id: str) -> list[FindingRead]:
-        return _guarded(lambda: [FindingRead.of(f) for f in query.findings(self._engine, job_id)])
-
-    def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
-        return _guarded(lambda: query.export(self._engine, job_id, table, format))
-
-    def close(self) -> None:
-        self._engine.dispose()
-
-
-T = TypeVar("T")
-
-
-def _guarded(read: Callable[[], T]) -> T:
-    try:
-        return read()
-    except (query.JobNotFound, ValueError) as exc:
-        raise ReadError(str(exc)) from None
 
 
 def sqlite_path(url: str) -> Path | None:

@@ -1,1 +1,2 @@
-"""The CI regression gate around stepscope.analysis.regression: job sources and outputs."""
+"""The CI regression gate around stepscope.analysis.regression: which jobs (plan), steps
+files (files) and the verdict's outputs (outputs)."""

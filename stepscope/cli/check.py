@@ -1,38 +1,31 @@
-"""`stepscope check` (the CI regression gate) and `stepscope report JOB --html` commands.
+"""`stepscope check` (the CI regression gate) and `stepscope report JOB --html`.
 
-`register(app)` adds both to the stepscope CLI. Exit codes of check: 0 pass, 1 regression,
-2 usage or configuration error, 3 not enough baseline or inconclusive.
+Exit codes of check: 0 pass, 1 regression, 2 usage or configuration error, 3 not enough
+baseline or inconclusive (the policy is stepscope.check.plan's).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
+from stepscope.cli.options import (
+    DbOption,
+    TokenOption,
+    UrlOption,
+    fail,
+    open_database,
+    open_store,
+    stderr,
+)
+
 if TYPE_CHECKING:
-    from stepscope.analysis.regression import CheckConfig, CheckResult, DroppedBaseline, JobData
-    from stepscope.check.sources import JobSource
+    from stepscope.analysis.regression import CheckResult
 
-EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-FAIL_ON = ("regression", "any", "never")
-
-_errors = Console(stderr=True)
-
-DbOpt = Annotated[
-    str | None,
-    typer.Option("--db", help="Database URL (default: $STEPSCOPE_DATABASE_URL or ./stepscope.db)"),
-]
-UrlOpt = Annotated[
-    str | None, typer.Option("--url", help="Read stored jobs from this stepscope server instead")
-]
-TokenOpt = Annotated[
-    str | None, typer.Option("--token", envvar="STEPSCOPE_TOKEN", help="Bearer token (read)")
-]
 BaselineOpt = Annotated[
     list[str] | None, typer.Option("--baseline", help="A baseline job id (repeatable)")
 ]
@@ -68,156 +61,11 @@ PeakOpt = Annotated[
 ]
 
 
-class UsageError(Exception):
-    """Wrong or conflicting options; exit 2."""
-
-
-def _fail(message: str) -> typer.Exit:
-    _errors.print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(EXIT_USAGE)
-
-
-@dataclass(kw_only=True, slots=True)
-class _Jobs:
-    candidates: list[JobData]
-    baselines: list[JobData]
-    unusable: list[DroppedBaseline]
-    """History jobs that could not be read (not rolled up yet)."""
-    notes: list[str]
-    benchmark_key: str | None
-    source: str
-
-
-def _config(metrics: list[str] | None, alpha: float, min_effect: float, warmup: str) -> CheckConfig:
-    from stepscope.analysis.regression import METRICS, CheckConfig
-
-    unknown = [m for m in metrics or () if m not in METRICS]
-    if unknown:
-        raise UsageError(f"unknown --metric {', '.join(unknown)}; choose from {', '.join(METRICS)}")
-    if warmup == "auto":
-        warmup_steps = None
-    elif warmup.isdigit():
-        warmup_steps = int(warmup)
-    else:
-        raise UsageError(f"--warmup-steps must be a number of steps or auto; got {warmup!r}")
-    try:
-        return CheckConfig(
-            metrics=tuple(dict.fromkeys(metrics)) if metrics else METRICS,
-            alpha=alpha,
-            min_effect=min_effect,
-            warmup_steps=warmup_steps,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _store(db: str | None, url: str | None, token: str | None) -> JobSource:
-    from stepscope.check.sources import ApiSource, DbSource
-
-    if db and url:
-        raise UsageError("give --db or --url, not both")
-    if url:
-        return ApiSource(url, token)
-    if not db:
-        from stepscope.server.settings import Settings
-
-        db = os.environ.get("STEPSCOPE_DATABASE_URL") or Settings().database_url
-    return DbSource(db)
-
-
-def _load_jobs(
-    job_id: str | None,
-    *,
-    db: str | None,
-    url: str | None,
-    token: str | None,
-    candidate_steps: list[Path],
-    baseline: list[str],
-    baseline_steps: list[Path],
-    baseline_key: str | None,
-    last: int | None,
-    peak_flops: float | None,
-) -> _Jobs:
-    """The candidate run(s) and the baselines the options name."""
-    from stepscope.analysis.regression import DroppedBaseline
-    from stepscope.check.sources import SourceError, read_steps_files
-
-    if (job_id is None) == (not candidate_steps):
-        raise UsageError("give a candidate: a stored JOB_ID or --candidate-steps FILE, not both")
-    if last is not None and last < 1:
-        raise UsageError("--last must be >= 1")
-    from_history = not baseline and not baseline_steps
-    if from_history and job_id is None and baseline_key is None:
-        raise UsageError(
-            "no baseline: give --baseline-steps FILE, or --baseline JOB_ID or --baseline-key KEY "
-            "with --db or --url"
-        )
-    store = _store(db, url, token) if job_id or baseline or from_history else None
-    where = store.where if store else "files"
-    key = baseline_key
-    started_before = None
-    notes = []
-    if job_id is not None:
-        assert store is not None
-        info = store.info(job_id)
-        candidates = [store.data(job_id)]
-        key = key or info.benchmark_key
-        started_before = info.started_at
-        if info.status != "finished":
-            notes.append(f"the candidate {job_id} is {info.status}, not finished")
-    else:
-        candidates = read_steps_files(candidate_steps, peak_flops=peak_flops)
-    ids = list(baseline)
-    if from_history:
-        if key is None:
-            raise UsageError(
-                "no baseline: the candidate has no benchmark_key; give --baseline-key, "
-                "--baseline JOB_ID or --baseline-steps FILE"
-            )
-        assert store is not None
-        ids = store.history(
-            key,
-            last=last or 10,
-            started_before=started_before,
-            exclude=[c.job_id for c in candidates],
-        )
-    baselines, unusable = [], []
-    for baseline_id in ids:
-        assert store is not None
-        try:
-            baselines.append(store.data(baseline_id))
-        except SourceError as exc:
-            if not from_history:  # a job the user named: say so and stop
-                raise
-            unusable.append(DroppedBaseline(job_id=baseline_id, reason=str(exc)))
-    baselines += read_steps_files(baseline_steps, peak_flops=peak_flops)
-    return _Jobs(
-        candidates=candidates,
-        baselines=baselines,
-        unusable=unusable,
-        notes=notes,
-        benchmark_key=key,
-        source=where,
-    )
-
-
-def exit_code(result: CheckResult, *, fail_on: str, allow_missing_baseline: bool) -> int:
-    """0 pass, 1 regression (or, with fail_on any, inconclusive), 3 inconclusive or not
-    enough baseline (0 with allow_missing_baseline); fail_on never: always 0."""
-    if fail_on == "never" or result.outcome == "pass":
-        return EXIT_PASS
-    if result.outcome == "regression":
-        return EXIT_REGRESSION
-    if fail_on == "any" and not result.baseline_missing:
-        return EXIT_REGRESSION
-    return EXIT_PASS if allow_missing_baseline else EXIT_INCONCLUSIVE
-
-
 def check(
     job_id: Annotated[str | None, typer.Argument(help="The candidate: a stored job id")] = None,
-    db: DbOpt = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
+    db: DbOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     candidate_steps: Annotated[
         list[Path] | None,
         typer.Option("--candidate-steps", help="Candidate steps parquet/CSV (repeatable: re-runs)"),
@@ -248,32 +96,32 @@ def check(
 ) -> None:
     """Fail CI when a job is slower than its baselines: exit 0 pass, 1 regression, 2 usage
     error, 3 not enough baseline or inconclusive."""
-    from stepscope.analysis.regression import check_regression
-    from stepscope.check import outputs
-    from stepscope.check.sources import SourceError
+    from stepscope.check import outputs, plan
+    from stepscope.check.files import StepsFileError
+    from stepscope.client import StoreError
 
     try:
-        if fail_on not in FAIL_ON:
-            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}; got {fail_on!r}")
-        config = _config(metric, alpha, min_effect, warmup_steps)
-        jobs = _load_jobs(
-            job_id,
-            db=db,
-            url=url,
-            token=token,
-            candidate_steps=candidate_steps or [],
-            baseline=baseline or [],
-            baseline_steps=baseline_steps or [],
+        plan.checked_fail_on(fail_on)
+        config = plan.check_config(metric, alpha=alpha, min_effect=min_effect, warmup=warmup_steps)
+        selection = plan.Selection(
+            job_id=job_id,
+            candidate_steps=candidate_steps or (),
+            baseline=baseline or (),
+            baseline_steps=baseline_steps or (),
             baseline_key=baseline_key,
             last=last,
             peak_flops=peak_flops,
         )
-    except (UsageError, SourceError) as exc:
-        raise _fail(str(exc)) from None
-    result = check_regression(
-        jobs.candidates, jobs.baselines, config, unusable=jobs.unusable, notes=jobs.notes
-    )
-    code = exit_code(result, fail_on=fail_on, allow_missing_baseline=allow_missing_baseline)
+        store = open_store(db, url, token) if selection.needs_store else None
+        try:
+            jobs = plan.load_jobs(selection, store)
+        finally:
+            if store is not None:
+                store.close()
+    except (plan.UsageError, StoreError, StepsFileError) as exc:
+        raise fail(str(exc)) from None
+    result = plan.compare(jobs, config)
+    code = plan.exit_code(result, fail_on=fail_on, allow_missing_baseline=allow_missing_baseline)
     context = outputs.Context(
         benchmark_key=jobs.benchmark_key, source=jobs.source, fail_on=fail_on, exit_code=code
     )
@@ -291,7 +139,7 @@ def check(
             with open(summary, "a", encoding="utf-8") as f:
                 f.write(markdown + "\n")
     except OSError as exc:
-        raise _fail(f"cannot write the report: {exc}") from None
+        raise fail(f"cannot write the report: {exc}") from None
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for command in outputs.github_annotations(result):
             typer.echo(command)
@@ -301,7 +149,7 @@ def check(
 def report(
     job_id: Annotated[str, typer.Argument(help="A stored job id")],
     html_file: Annotated[Path, typer.Option("--html", help="Write a self-contained HTML report")],
-    db: DbOpt = None,
+    db: DbOption = None,
     baseline: BaselineOpt = None,
     baseline_steps: BaselineStepsOpt = None,
     baseline_key: BaselineKeyOpt = None,
@@ -314,44 +162,36 @@ def report(
 ) -> None:
     """Write one self-contained HTML file about a stored job: summary, step time, throughput
     and MFU, ranks, findings, and the check verdict when baselines are given."""
-    from stepscope.analysis.regression import check_regression
-    from stepscope.check.sources import DbSource, SourceError
+    from stepscope.check import plan
+    from stepscope.check.files import StepsFileError
+    from stepscope.client import StoreError
     from stepscope.report.collect import collect
     from stepscope.report.html import render
 
     verdict: CheckResult | None = None
+    store = open_database(db)
     try:
-        store = _store(db, None, None)
-        assert isinstance(store, DbSource)
-        store.info(job_id)
+        store.summary(job_id)
         if baseline or baseline_steps or baseline_key or last:
-            config = _config(metric, alpha, min_effect, warmup_steps)
-            jobs = _load_jobs(
-                job_id,
-                db=db,
-                url=None,
-                token=None,
-                candidate_steps=[],
-                baseline=baseline or [],
-                baseline_steps=baseline_steps or [],
+            config = plan.check_config(
+                metric, alpha=alpha, min_effect=min_effect, warmup=warmup_steps
+            )
+            selection = plan.Selection(
+                job_id=job_id,
+                baseline=baseline or (),
+                baseline_steps=baseline_steps or (),
                 baseline_key=baseline_key,
                 last=last,
                 peak_flops=peak_flops,
             )
-            verdict = check_regression(
-                jobs.candidates, jobs.baselines, config, unusable=jobs.unusable, notes=jobs.notes
-            )
+            verdict = plan.compare(plan.load_jobs(selection, store), config)
         data = collect(store.engine, job_id, verdict)
-    except (UsageError, SourceError) as exc:
-        raise _fail(str(exc)) from None
+    except (plan.UsageError, StoreError, StepsFileError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        store.close()
     try:
         html_file.write_text(render(data), encoding="utf-8")
     except OSError as exc:
-        raise _fail(f"cannot write {html_file}: {exc}") from None
-    Console(stderr=True, highlight=False).print(f"report of {job_id} written to {html_file}")
-
-
-def register(app: typer.Typer) -> None:
-    """Add the check and report commands to the stepscope CLI."""
-    app.command("check")(check)
-    app.command("report")(report)
+        raise fail(f"cannot write {html_file}: {exc}") from None
+    stderr.print(f"report of {job_id} written to {html_file}")

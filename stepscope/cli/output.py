@@ -83,3 +83,15 @@ def print_summary(s: JobSummaryRead, findings: list[FindingRead]) -> None:
     if findings:
         typer.echo("")
         print_finding_lines(findings)
+
+
+def print_findings(findings: list[Finding], output: str) -> None:
+    """Findings of an analysis one readable line each, or as JSON (--format json)."""
+    import orjson
+
+    if output == "json":
+        typer.echo(
+            orjson.dumps([f.to_dict() for f in findings], option=orjson.OPT_INDENT_2).decode()
+        )
+        return
+    print_finding_lines(findings)

@@ -1,8 +1,9 @@
-"""Schema migrations with Alembic (`migrations/` at the project root)."""
+"""Schema migrations with Alembic: the package stepscope.migrations (`migrations/` at the
+project root, mapped into the package by setup.py, in editable installs and wheels alike)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.resources import files
 
 import sqlalchemy as sa
 from alembic import command
@@ -10,7 +11,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_PACKAGE = "stepscope.migrations"
 
 
 class SchemaOutdatedError(RuntimeError):
@@ -19,7 +20,8 @@ class SchemaOutdatedError(RuntimeError):
 
 def _config() -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # Alembic reads a folder: the package's files are plain files in an installed package.
+    cfg.set_main_option("script_location", str(files(MIGRATIONS_PACKAGE)))
     cfg.set_main_option("path_separator", "os")
     return cfg
 

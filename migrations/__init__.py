@@ -1,0 +1,1 @@
+"""Alembic migrations, installed as the package stepscope.migrations (see setup.py)."""

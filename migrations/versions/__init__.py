@@ -1,0 +1,1 @@
+"""The migration scripts (Alembic skips this file)."""

@@ -1,0 +1,45 @@
+"""`stepscope run [--job-id ID] -- CMD…`, with the standard library alone: it works on a
+training node that installed `pip install stepscope`, without the server extra."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from stepscope.profiler.launcher import launch
+
+HELP = "Run a training command (e.g. torchrun …) with the job's stepscope environment."
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of `stepscope run`; what follows them (or `--`) is the command."""
+    p = argparse.ArgumentParser(
+        prog="stepscope run",
+        usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] -- CMD…",
+        description=HELP,
+    )
+    p.add_argument(
+        "--job-id",
+        default=os.environ.get("STEPSCOPE_JOB_ID"),
+        help="The job's id (default: $STEPSCOPE_JOB_ID, else one made from the script's name)",
+    )
+    p.add_argument("--url", help="The collector (default: $STEPSCOPE_URL)")
+    p.add_argument("--token", help="A token with the ingest scope (default: $STEPSCOPE_TOKEN)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="The command to run, after --")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the command with the job's environment; its exit code (2 for a usage error)."""
+    args = parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        sys.stderr.write("error: no command given; usage: stepscope run [--job-id ID] -- CMD…\n")
+        return 2
+    try:
+        return launch(command, job_id=args.job_id, url=args.url, token=args.token)
+    except OSError as exc:
+        sys.stderr.write(f"error: cannot run {command[0]!r}: {exc.strerror or exc}\n")
+        return 127

@@ -1,0 +1,88 @@
+"""`stepscope serve` (collector, API and dashboard as one server) and `stepscope demo`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stepscope.cli.options import DbOption, database_url, fail, stderr
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+    db: DbOption = None,
+    auth: Annotated[
+        bool | None, typer.Option("--auth/--no-auth", help="Require bearer tokens")
+    ] = None,
+    allow_unauthenticated: Annotated[
+        bool,
+        typer.Option("--allow-unauthenticated", help="Allow a non-loopback address without auth"),
+    ] = False,
+    analyze_interval_s: Annotated[
+        float | None,
+        typer.Option("--analyze-interval", help="Seconds between re-analyses; 0 = off"),
+    ] = None,
+    webhook: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook",
+            help="POST new warning/critical findings here (repeatable; adds to "
+            "$STEPSCOPE_WEBHOOK_URLS)",
+        ),
+    ] = None,
+) -> None:
+    """Run the collector, API and dashboard as one server."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from stepscope.server.app import create_app
+    from stepscope.server.settings import Settings, check_exposure
+    from stepscope.store.migrate import SchemaOutdatedError
+
+    overrides: dict[str, object] = {"host": host, "port": port}
+    if db:
+        overrides["database_url"] = db
+    if auth is not None:
+        overrides["auth"] = auth
+    if allow_unauthenticated:
+        overrides["allow_unauthenticated"] = True
+    if analyze_interval_s is not None:
+        overrides["analyze_interval_s"] = analyze_interval_s
+    try:
+        if webhook:
+            overrides["webhook_urls"] = [*Settings().webhook_urls, *webhook]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+        check_exposure(settings)
+        application = create_app(settings)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise fail("; ".join(problems)) from None
+    except (ValueError, SchemaOutdatedError) as exc:
+        raise fail(str(exc)) from None
+    stderr.print(f"stepscope serving on http://{host}:{port} (database: {settings.database_url})")
+    uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+
+
+def demo(
+    port: Annotated[int, typer.Option(help="Port to serve on")] = 8000,
+    db: DbOption = None,
+    ranks: Annotated[int, typer.Option("--ranks")] = 16,
+    steps: Annotated[int, typer.Option("--steps")] = 600,
+    exit_after: Annotated[bool, typer.Option("--exit", help="Stop after the analysis")] = False,
+) -> None:
+    """Serve on SQLite, stream a synthetic job with a straggler into it, and analyse it."""
+    from stepscope.cli.output import print_findings
+    from stepscope.synthetic.demo import run_demo
+
+    run_demo(
+        database_url=database_url(db),
+        port=port,
+        num_ranks=ranks,
+        num_steps=steps,
+        keep_serving=not exit_after,
+        print_findings=lambda f: print_findings(f, "text"),
+        say=Console().print,
+    )
