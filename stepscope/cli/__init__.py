@@ -159,7 +159,7 @@ def token_create(
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
     from stepscope.server.auth import SCOPES
-    from stepscope.store import queries
+    from stepscope.store import tokens
     from stepscope.store.engine import make_engine
     from stepscope.store.migrate import ensure_current
 
@@ -168,7 +168,7 @@ def token_create(
         raise fail(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
     engine = make_engine(_database_url(db))
     ensure_current(engine, auto_upgrade=engine.dialect.name == "sqlite")
-    typer.echo(queries.create_token(engine, name=name or "+".join(scope), scopes=scope))
+    typer.echo(tokens.create_token(engine, name=name or "+".join(scope), scopes=scope))
 
 
 def _parse_straggler(text: str) -> Any:
@@ -300,7 +300,7 @@ def analyze(
     if job_id is not None:
         from stepscope.pipeline.job_pass import RawRowsPrunedError, analyze_stored_job
         from stepscope.store.engine import make_engine
-        from stepscope.store.queries import load_job
+        from stepscope.store.jobs import load_job
 
         engine = make_engine(_database_url(db))
         if load_job(engine, job_id) is None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from stepscope.store import queries
+from stepscope.store import tokens
 
 SCOPES = ("ingest", "read", "admin")
 _CACHE_TTL_S = 30.0
@@ -36,7 +36,7 @@ class TokenCache:
             hit = self._entries.get(token)
         if hit and now - hit[0] < _CACHE_TTL_S:
             return hit[1]
-        found = queries.token_scopes(self._engine, token)
+        found = tokens.token_scopes(self._engine, token)
         with self._lock:
             if len(self._entries) > 10_000:
                 self._entries.clear()
