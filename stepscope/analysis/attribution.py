@@ -17,10 +17,10 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.robust import mad_sigma
 from stepscope.analysis.steady import COMPONENTS
 
 RankScope = Literal["spread", "ranks", "node"]
-_MAD_TO_SIGMA = 1.482602218505602
 _MIN_RANKS_FOR_SPREAD = 5
 """Fewer ranks than this say nothing about the spread between ranks."""
 
@@ -131,7 +131,7 @@ def rank_attribution(
     excess = growth - typical
     noise = [5.0 * _run_to_run(baselines)]
     if growth.size >= _MIN_RANKS_FOR_SPREAD:  # the spread between ranks says what is noise
-        noise.append(5.0 * _MAD_TO_SIGMA * float(np.median(np.abs(excess - np.median(excess)))))
+        noise.append(5.0 * mad_sigma(excess))
     flagged = np.flatnonzero(excess >= max(min_growth, *noise))
     flagged = flagged[np.argsort(-growth[flagged])]
     changes = [

@@ -30,10 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-Floats = NDArray[np.float64]
+from stepscope.analysis.robust import mad_sigma
 
-_MAD_TO_SIGMA = 1.482602218505602
-"""Scale factor from the median absolute deviation to a normal standard deviation."""
+Floats = NDArray[np.float64]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -269,7 +268,7 @@ def _autocorrelation_inflation(y: Floats) -> float:
     """
     d = np.diff(y)
     centre = float(np.median(d))
-    bound = 4.0 * _MAD_TO_SIGMA * float(np.median(np.abs(d - centre)))
+    bound = 4.0 * mad_sigma(d, centre)
     d = np.clip(d, centre - bound, centre + bound) - centre
     denominator = float(np.dot(d, d))
     if d.size < 3 or denominator == 0.0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +11,6 @@ from numpy.typing import NDArray
 
 Matrix = NDArray[np.float32]
 Ints = NDArray[np.int64]
-
-_MAD_TO_SIGMA = 1.482602218505602
-_SIGMA_SAMPLE = 1_000_000
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,14 +144,3 @@ def nanmedian(values: NDArray[np.floating]) -> float:
 def column_sample(x: Matrix, limit: int = 256) -> Matrix:
     """At most `limit` evenly spaced rank columns of `x` (enough for a robust median)."""
     return x[:, :: max(1, x.shape[1] // limit)]
-
-
-def robust_sigma(residuals: Matrix) -> float:
-    """Noise sigma of residuals from their median absolute value (a subsample when large)."""
-    # Every k-th step of every k-th rank: a strided view, whatever the matrix's layout.
-    k = max(1, math.isqrt(residuals.size // _SIGMA_SAMPLE))
-    sample = np.abs(residuals[::k, ::k]).ravel()
-    sample = sample[np.isfinite(sample)]
-    if sample.size == 0:
-        return 0.0
-    return _MAD_TO_SIGMA * float(np.median(sample))

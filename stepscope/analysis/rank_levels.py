@@ -37,10 +37,11 @@ from statistics import NormalDist
 import numpy as np
 from numpy.typing import NDArray
 
+from stepscope.analysis.robust import MAD_TO_SIGMA, mad_sigma
+
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
 
-_MAD_TO_SIGMA = 1.482602218505602
 _CLIP = 2.5
 """Standardised residuals are clipped at this many sigmas (spikes count as this much)."""
 _SCALE_STEPS = 25
@@ -149,7 +150,7 @@ def slow_stretches(
     long_run = _long_run_sigma(sums)
     levels = sums[-1] / num_steps
     centre = float(np.median(levels))
-    spread = _MAD_TO_SIGMA * float(np.median(np.abs(levels - centre)))
+    spread = mad_sigma(levels, centre)
     # The ranks' persistent levels differ by more than the noise of their means: hardware.
     # That spread comes from few ranks: widened by about two standard errors of a MAD.
     tau2 = max(0.0, spread * spread - long_run * long_run / num_steps)
@@ -187,7 +188,7 @@ def _standardised(e: NDArray[np.float32]) -> NDArray[np.float32]:
     num_steps, num_ranks = e.shape
     sample = np.abs(e[:, :: max(1, num_ranks // _MAX_SCALE_RANKS)])
     middle = sample.shape[1] // 2
-    per_step = _MAD_TO_SIGMA * np.partition(sample, middle, axis=1)[:, middle]
+    per_step = MAD_TO_SIGMA * np.partition(sample, middle, axis=1)[:, middle]
     scale = _rolling_median(per_step.astype(np.float64), _SCALE_STEPS)
     typical = float(np.median(scale))
     if not typical > 0:
@@ -195,7 +196,7 @@ def _standardised(e: NDArray[np.float32]) -> NDArray[np.float32]:
     scale32 = np.maximum(scale, 0.1 * typical).astype(np.float32)
     z: NDArray[np.float32] = np.divide(e, scale32[:, None], dtype=np.float32)
     d = np.diff(z, axis=0)[:: max(1, num_steps // _MEDIAN_STEPS)]
-    sigma = _MAD_TO_SIGMA * _column_medians(np.abs(d - _column_medians(d))) / math.sqrt(2.0)
+    sigma = MAD_TO_SIGMA * _column_medians(np.abs(d - _column_medians(d))) / math.sqrt(2.0)
     sigma = np.maximum(sigma, max(1e-3, 1e-3 * float(np.median(sigma)))).astype(np.float32)
     z /= sigma
     # The rank's own level nearby: the median of its block of steps, which may lie far from
@@ -257,7 +258,7 @@ def _long_run_sigma(sums: Floats) -> float:
         return 1.0
     means = np.diff(sums[: num_batches * _BATCH_STEPS + 1 : _BATCH_STEPS], axis=0) / _BATCH_STEPS
     d = np.abs(np.diff(means, axis=0))
-    sigma = _MAD_TO_SIGMA * float(np.median(d)) / math.sqrt(2.0) * math.sqrt(_BATCH_STEPS)
+    sigma = MAD_TO_SIGMA * float(np.median(d)) / math.sqrt(2.0) * math.sqrt(_BATCH_STEPS)
     return max(sigma, 0.5)
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from stepscope.analysis.robust import mad_sigma
+
 Floats = NDArray[np.float64]
 
 THROUGHPUT = ("step_s", "tokens_per_s", "mfu")
@@ -26,7 +28,6 @@ HIGHER_IS_BETTER = frozenset({"tokens_per_s", "mfu"})
 
 _RATE_WORK = {"tokens_per_s": "tokens", "mfu": "mfu_work"}
 """Rates are work per step over step time: these columns hold their work per step."""
-_MAD_TO_SIGMA = 1.482602218505602
 
 
 def job_metrics(rollup: pl.DataFrame) -> pl.DataFrame:
@@ -67,7 +68,7 @@ def detect_warmup(values: Floats, *, batch_steps: int = 5, max_share: float = 0.
         return 0
     tail = x[x.size // 2 :]
     centre = float(np.median(tail))
-    sigma = _MAD_TO_SIGMA * float(np.median(np.abs(tail - centre)))
+    sigma = mad_sigma(tail, centre)
     if sigma > 0:  # a one-step spike must not look like a level
         x = np.clip(x, centre - 3 * sigma, centre + 3 * sigma)
     means = x[: num_batches * batch_steps].reshape(num_batches, batch_steps).mean(axis=1)

@@ -76,7 +76,7 @@ def token_create(
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
     from stepscope.schema import SCOPES
-    from stepscope.store import queries
+    from stepscope.store import tokens
     from stepscope.store.engine import make_engine
     from stepscope.store.migrate import ensure_current
 
@@ -85,4 +85,4 @@ def token_create(
         raise fail(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
     engine = make_engine(database_url(db))
     ensure_current(engine, auto_upgrade=engine.dialect.name == "sqlite")
-    typer.echo(queries.create_token(engine, name=name or "+".join(scope), scopes=scope))
+    typer.echo(tokens.create_token(engine, name=name or "+".join(scope), scopes=scope))

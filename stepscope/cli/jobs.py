@@ -69,7 +69,7 @@ def analyze(
     if job_id is not None:
         from stepscope.pipeline.job_pass import RawRowsPrunedError, analyze_stored_job
         from stepscope.store.engine import make_engine
-        from stepscope.store.queries import load_job
+        from stepscope.store.jobs import load_job
 
         engine = make_engine(database_url(db))
         if load_job(engine, job_id) is None:

@@ -3,8 +3,10 @@
 A pass reads only the job's batches received since its stored watermark (DESIGN §6): it
 recomputes the rollups of the steps (and GPU time buckets) those batches touched, re-analyses
 the step segments that read those steps (stepscope.analysis.segments), runs the job-level
-detectors on the step and collective rollups, and stores findings, state and watermark.
-Findings stitched from many passes equal those of one full pass over the same rows.
+detectors on the step and collective rollups. It computes first, then stores rollups, state
+and watermark, findings and summary in one transaction: a pass that fails stores nothing, and
+the next one redoes its work. Findings stitched from many passes equal those of one full pass
+over the same rows (both call stepscope.analysis.pipeline's segment and stitch steps).
 """
 
 from __future__ import annotations
@@ -16,25 +18,22 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import polars as pl
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.analysis import (
-    NUMERIC_STEP_COLUMNS,
-    AnalysisConfig,
-    job_findings,
-    rank_findings,
-    with_causes,
-)
+from stepscope.analysis import NUMERIC_STEP_COLUMNS, AnalysisConfig, job_findings
 from stepscope.analysis import rollups as compute
-from stepscope.analysis.segments import SegmentPlan, stitch
+from stepscope.analysis.pipeline import SegmentRows, combined_findings, segment_findings
+from stepscope.analysis.segments import SegmentPlan
 from stepscope.analysis.telemetry import GPU_COLUMNS
+from stepscope.pipeline.gpu_buckets import update_gpu_buckets
 from stepscope.pipeline.recent_rows import RecentRows, RecentRowsCache
-from stepscope.store import frames, queries, reads, tables
-from stepscope.store import rollups as store
+from stepscope.pipeline.state import AnalysisState, Write, widen
+from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables, tables
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +47,6 @@ _OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
 """What the job-level detectors read of the rollups."""
 _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
-_GPU_RANKS_PER_READ = 64
-"""Ranks whose GPU samples a full pass reads and buckets at a time."""
-_READS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepscope-read")
-"""Reads of a pass's step and collective rows, side by side."""
-_RECENT = RecentRowsCache()
-"""The rows of each live job's last segment, from its previous pass in this process."""
 
 
 FindingsHook = Callable[[str, list[schema.Finding]], None]
@@ -63,6 +56,28 @@ webhook sender): it must return at once; an error in it is logged, never raised.
 
 class RawRowsPrunedError(RuntimeError):
     """A full re-analysis of a job whose raw rows `stepscope db prune` deleted."""
+
+
+class PassResources:
+    """What the passes run by one owner (the server's scheduler, a command) share: threads
+    for their raw reads, and each live job's recent rows (stepscope.pipeline.recent_rows)."""
+
+    def __init__(self, *, max_jobs: int = 16) -> None:
+        self.reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepscope-read")
+        """Reads of a pass's step and collective rows, side by side."""
+        self.recent = RecentRowsCache(max_jobs)
+        """The rows of each live job's last segment, from its previous pass."""
+
+    def close(self) -> None:
+        """Stop the read threads and drop the kept rows."""
+        self.reads.shutdown(wait=True)
+        self.recent.clear()
+
+    def __enter__(self) -> PassResources:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,51 +90,14 @@ class PassResult:
 
 
 @dataclass(kw_only=True, slots=True)
-class _State:
-    """A job's analysis state, kept as JSON in `analysis_state`."""
+class _StepsDone:
+    """What rolling up a pass's steps and re-analysing their segments left."""
 
-    plan: SegmentPlan | None = None
-    bucket_steps: int = 1
-    gpu_bucket_s: float = 1.0
-    first_step: int | None = None
-    last_step: int | None = None
-    first_gpu_ts: float | None = None
-    last_gpu_ts: float | None = None
-    raw_pruned_before: float | None = None
-    """Set by `stepscope db prune --keep-rollups`: only rollups remain of older rows."""
-    pending_from: int | None = None
-    """Smallest step held back from the step rollups: not every rank has reported it yet."""
-    overlap_batches: int = 0
-    """Batches received within OVERLAP_S before the watermark, as of the last pass."""
-    segments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, doc: dict[str, Any]) -> _State:
-        plan = doc.pop("plan", None)
-        segments = {int(k): v for k, v in doc.pop("segments", {}).items()}
-        return cls(plan=SegmentPlan(**plan) if plan else None, segments=segments, **doc)
-
-    def doc(self) -> dict[str, Any]:
-        plan = self.plan
-        return {
-            "plan": None
-            if plan is None
-            else {
-                "base_step": plan.base_step,
-                "segment_steps": plan.segment_steps,
-                "context_steps": plan.context_steps,
-            },
-            "bucket_steps": self.bucket_steps,
-            "gpu_bucket_s": self.gpu_bucket_s,
-            "first_step": self.first_step,
-            "last_step": self.last_step,
-            "first_gpu_ts": self.first_gpu_ts,
-            "last_gpu_ts": self.last_gpu_ts,
-            "pending_from": self.pending_from,
-            "raw_pruned_before": self.raw_pruned_before,
-            "overlap_batches": self.overlap_batches,
-            "segments": {str(k): v for k, v in self.segments.items()},
-        }
+    rolled_up_steps: int
+    pending_from: int | None
+    """First step held back: not every rank has reported it yet."""
+    tail: RecentRows | None
+    """The rows the next pass reads again, if this pass read them all."""
 
 
 def _merged(older: pl.DataFrame, newer: pl.DataFrame) -> pl.DataFrame:
@@ -132,15 +110,8 @@ def _merged(older: pl.DataFrame, newer: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _widen(lo: Any, hi: Any, a: Any, b: Any) -> tuple[Any, Any]:
-    """The union of two ranges, either of which may be unknown (None)."""
-    lo = a if lo is None else lo if a is None else min(lo, a)
-    hi = b if hi is None else hi if b is None else max(hi, b)
-    return lo, hi
-
-
 class JobAnalyzer:
-    """Runs incremental passes over one job of a store."""
+    """Runs incremental passes over one job of a store; each pass is one transaction."""
 
     def __init__(
         self,
@@ -150,90 +121,137 @@ class JobAnalyzer:
         config: AnalysisConfig | None = None,
         grace_s: float = 30.0,
         on_findings: FindingsHook | None = None,
+        resources: PassResources | None = None,
     ) -> None:
         self.engine = engine
         self.job_id = job_id
         self.config = config or AnalysisConfig()
         self.grace_s = grace_s
         self.on_findings = on_findings
+        self._owned = PassResources() if resources is None else None
+        self.resources = resources or self._owned
+        """Shared with the owner's other passes, or this analyzer's own (see `close`)."""
+
+    def close(self) -> None:
+        """Release the resources this analyzer made for itself (none if it was given them)."""
+        if self._owned is not None:
+            self._owned.close()
+
+    def __enter__(self) -> JobAnalyzer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def run(self, *, full: bool = False) -> PassResult:
-        """One pass: from the stored watermark, or from scratch with `full`."""
-        loaded = store.load_state(self.engine, self.job_id)
+        """One pass: from the stored watermark, or from scratch with `full`.
+
+        The pass reads and computes first, then writes its rollups, state and watermark,
+        findings and summary in one transaction: a pass that fails leaves the store as it
+        was, and the next pass redoes its work.
+        """
+        assert self.resources is not None
+        loaded = analysis_state.load_state(self.engine, self.job_id)
+        writes: list[Write] = []
         if full:
             if loaded is not None and loaded[1].get("raw_pruned_before") is not None:
                 raise RawRowsPrunedError(
                     f"the raw rows of job {self.job_id} were pruned: a full re-analysis would "
                     "lose its rollups and findings"
                 )
-            with self.engine.begin() as conn:
-                store.delete_job_rollups(conn, self.job_id)
+            writes.append(partial(rollup_tables.delete_job_rollups, job_id=self.job_id))
             loaded = None
-        state = _State() if loaded is None else _State.of(loaded[1])
+        state = AnalysisState() if loaded is None else AnalysisState.from_doc(loaded[1])
         watermark = -math.inf if loaded is None else loaded[0]
         database = self.engine.url.render_as_string()
-        recent = _RECENT.take(database, self.job_id, watermark) if loaded is not None else None
-        arrivals = store.arrivals_since(self.engine, self.job_id, watermark)
-        late = store.count_batches(self.engine, self.job_id, watermark - OVERLAP_S, watermark)
+        recent = None
+        if loaded is not None:
+            recent = self.resources.recent.take(database, self.job_id, watermark)
+        arrivals = analysis_state.arrivals_since(self.engine, self.job_id, watermark)
+        late = analysis_state.count_batches(
+            self.engine, self.job_id, watermark - OVERLAP_S, watermark
+        )
         if late > state.overlap_batches:  # committed after the last pass read past them
-            arrivals = store.arrivals_since(self.engine, self.job_id, watermark - OVERLAP_S)
+            arrivals = analysis_state.arrivals_since(
+                self.engine, self.job_id, watermark - OVERLAP_S
+            )
         result = PassResult()
         if arrivals is None and state.pending_from is None:
             return result
-        job = queries.load_job(self.engine, self.job_id) or {"job_id": self.job_id}
+        job = jobs.load_job(self.engine, self.job_id) or {"job_id": self.job_id}
         now = time.time()
         tail: RecentRows | None = None
 
         lo, hi = state.pending_from, None
         if arrivals is not None:
-            lo, hi = _widen(lo, hi, arrivals.first_step, arrivals.last_step)
-        state.first_step, state.last_step = _widen(state.first_step, state.last_step, lo, hi)
+            lo, hi = widen(lo, hi, arrivals.first_step, arrivals.last_step)
+        state.first_step, state.last_step = widen(state.first_step, state.last_step, lo, hi)
         # GPU time buckets are made beside the steps' rollups and segments (they share no
         # state or table): each part waits mostly on its reads.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepscope-gpu") as gpu_pool:
             gpu = None
             if arrivals is not None and arrivals.first_gpu_ts is not None:
-                gpu = gpu_pool.submit(self._gpu, state, arrivals.first_gpu_ts, arrivals.last_gpu_ts)
+                gpu = gpu_pool.submit(
+                    update_gpu_buckets,
+                    self.engine,
+                    self.job_id,
+                    state,
+                    arrivals.first_gpu_ts,
+                    arrivals.last_gpu_ts,
+                    stored=loaded is not None,
+                )
             if lo is not None and state.first_step is not None and state.last_step is not None:
                 if state.plan is None:
-                    num_ranks = int(job.get("world_size") or len(self._nodes_and_ranks()[1]))
+                    ranks = jobs.rank_nodes(self.engine, self.job_id)[1]
+                    num_ranks = int(job.get("world_size") or len(ranks))
                     state.plan = SegmentPlan.of(state.first_step, num_ranks, self.config)
-                self._rebucket_steps(state)
-                result.rolled_up_steps, state.pending_from, tail = self._steps(
-                    state, job, lo, hi if hi is not None else state.last_step, now, result, recent
+                writes += self._rebucket_steps(state, stored=loaded is not None)
+                done = self._steps(
+                    state,
+                    job,
+                    lo,
+                    hi if hi is not None else state.last_step,
+                    now,
+                    result,
+                    recent,
+                    writes,
                 )
+                result.rolled_up_steps, state.pending_from = done.rolled_up_steps, done.pending_from
+                tail = done.tail
             if gpu is not None:
-                gpu.result()
+                writes += gpu.result()
 
-        rollup = reads.read_rollup(
-            self.engine, tables.step_rollups, self.job_id, columns=_ROLLUP_COLUMNS
-        )
-        findings = self._job_findings(state, job, rollup)
-        if state.plan is not None:
-            per_segment = {
-                k: [schema.Finding(**f) for f in found] for k, found in state.segments.items()
-            }
-            findings += stitch(state.plan, per_segment)
-        findings = with_causes(findings, self.config)
-        # A batch stamped within OVERLAP_S before the new watermark may still be committing:
-        # the next pass re-reads that stretch if it then holds more batches than now.
         if arrivals is not None:
             watermark = arrivals.received_at
-        state.overlap_batches = store.count_batches(
-            self.engine, self.job_id, watermark - OVERLAP_S, watermark
-        )
         with self.engine.begin() as conn:
-            store.save_state(conn, self.job_id, watermark, state.doc(), now)
+            for write in writes:
+                write(conn)
+            # The job-level detectors read the whole job's rollups, as this transaction left them.
+            rollup = rollup_tables.read_step_rows(
+                conn, tables.step_rollups, self.job_id, _ROLLUP_COLUMNS
+            )
+            found: list[schema.Finding] = []
+            if state.plan is not None:
+                per_segment = {
+                    k: [schema.Finding(**f) for f in kept] for k, kept in state.segments.items()
+                }
+                job_level = self._job_findings(conn, state.plan, job, rollup)
+                found = combined_findings(job_level, state.plan, per_segment, self.config)
+            # A batch stamped within OVERLAP_S before the new watermark may still be
+            # committing: the next pass re-reads that stretch if it then holds more batches.
+            state.overlap_batches = analysis_state.count_batches(
+                conn, self.job_id, watermark - OVERLAP_S, watermark
+            )
+            analysis_state.save_state(conn, self.job_id, watermark, state.to_doc(), now)
+            findings.replace_findings(conn, self.job_id, found)
+            result.findings = findings.load_findings(conn, self.job_id)
+            if not rollup.is_empty() and state.plan is not None:
+                summary = compute.steady_summary(rollup, state.plan.base_step)
+                severities = Counter(str(f.severity) for f in result.findings)
+                analysis_state.save_summary(conn, self.job_id, summary, severities, now)
         if tail is not None:
-            _RECENT.put(database, self.job_id, replace(tail, watermark=watermark))
-        queries.replace_findings(self.engine, self.job_id, findings)
-        result.findings = queries.load_findings(self.engine, self.job_id)
+            self.resources.recent.put(database, self.job_id, replace(tail, watermark=watermark))
         self._notify(result.findings)
-        if not rollup.is_empty() and state.plan is not None:
-            summary = compute.steady_summary(rollup, state.plan.base_step)
-            severities = Counter(str(f.severity) for f in result.findings)
-            with self.engine.begin() as conn:
-                store.save_summary(conn, self.job_id, summary, severities, now)
         return result
 
     def _notify(self, findings: list[schema.Finding]) -> None:
@@ -248,16 +266,17 @@ class JobAnalyzer:
 
     def _steps(
         self,
-        state: _State,
+        state: AnalysisState,
         job: dict[str, Any],
         lo: int,
         hi: int,
         now: float,
         result: PassResult,
         recent: RecentRows | None,
-    ) -> tuple[int, int | None, RecentRows | None]:
-        """Roll up steps lo..hi and re-analyse the segments reading them; (rolled up, first
-        step held back, the rows the next pass will read again)."""
+        writes: list[Write],
+    ) -> _StepsDone:
+        """Roll up steps lo..hi (their rollups added to `writes`) and re-analyse the segments
+        reading them (into `state`)."""
         plan = state.plan
         assert plan is not None
         assert state.last_step is not None
@@ -267,7 +286,7 @@ class JobAnalyzer:
         ] or [[]]
         b = state.bucket_steps
         rolled_up, pending = 0, None
-        nodes, ranks = self._nodes_and_ranks()
+        nodes, ranks = jobs.rank_nodes(self.engine, self.job_id)
         for i, group in enumerate(groups):
             # This read's share of the dirty steps (the first also takes the warm-up's), and
             # what it must read: those steps' whole rank buckets and its segments' spans.
@@ -275,42 +294,46 @@ class JobAnalyzer:
             own_hi = hi if i == len(groups) - 1 else min(hi, plan.start(group[-1] + 1) - 1)
             read_lo, read_hi = own_lo - own_lo % b, own_hi - own_hi % b + b - 1
             if group:
-                read_lo, read_hi = _widen(
+                read_lo, read_hi = widen(
                     read_lo, read_hi, plan.span(group[0])[0], plan.span(group[-1])[1]
                 )
             steps, collectives = self._read_rows(read_lo, read_hi, lo, sorted(ranks), recent)
             if own_lo <= own_hi:
-                n, held = self._roll_up(state, job, steps, collectives, own_lo, own_hi, now)
+                n, held = self._roll_up(state, job, steps, collectives, own_lo, own_hi, now, writes)
                 rolled_up += n
                 if held is not None:
                     pending = held if pending is None else min(pending, held)
             for k in group:
                 in_span = pl.col("step").is_between(*plan.span(k))
                 span_steps = steps.filter(in_span)
-                found = rank_findings(
-                    self.job_id,
-                    span_steps,
-                    collectives.filter(in_span),
-                    self._gpu_source(span_steps),
-                    nodes=nodes,
-                    config=self.config,
-                )
-                state.segments[k] = [f.to_dict() for f in plan.owned(k, found)]
+                found = []
+                if not span_steps.is_empty():
+                    found = segment_findings(
+                        self.job_id,
+                        plan,
+                        k,
+                        SegmentRows.of(span_steps, collectives.filter(in_span)),
+                        self._gpu_source(span_steps),
+                        nodes=nodes,
+                        config=self.config,
+                    )
+                state.segments[k] = [f.to_dict() for f in found]
                 result.analysed_segments.append(k)
         # The next pass re-reads the last segment's span and the last step's rank bucket.
         last = state.last_step
         keep_from = max(read_lo, min(plan.span(plan.index(last))[0], last - last % b))
+        done = _StepsDone(rolled_up_steps=rolled_up, pending_from=pending, tail=None)
         if read_hi < last or keep_from > read_hi:
-            return rolled_up, pending, None
+            return done
         kept = pl.col("step") >= keep_from
-        tail = RecentRows(
+        done.tail = RecentRows(
             watermark=math.nan,
             first_step=keep_from,
             last_step=read_hi,
             steps=steps.filter(kept),
             collectives=collectives.filter(kept),
         )
-        return rolled_up, pending, tail
+        return done
 
     def _read_rows(
         self, lo: int, hi: int, dirty_from: int, ranks: list[int], recent: RecentRows | None
@@ -322,8 +345,9 @@ class JobAnalyzer:
             cached_to = min(dirty_from - 1, recent.last_step, hi)
         # With the ranks listed, the (job_id, rank, step) key serves the step range. The two
         # reads run at once: each waits mostly on the database (or the SQLite reader process).
+        assert self.resources is not None
         read = list(
-            _READS.map(
+            self.resources.reads.map(
                 lambda table_columns: frames.read_frame(
                     self.engine,
                     table_columns[0],
@@ -347,15 +371,17 @@ class JobAnalyzer:
 
     def _roll_up(
         self,
-        state: _State,
+        state: AnalysisState,
         job: dict[str, Any],
         steps: pl.DataFrame,
         collectives: pl.DataFrame,
         lo: int,
         hi: int,
         now: float,
+        writes: list[Write],
     ) -> tuple[int, int | None]:
-        """Rollups of steps lo..hi from their raw rows; (steps rolled up, first step held back)."""
+        """Rollups of steps lo..hi from their raw rows, added to `writes`; (steps rolled up,
+        first step held back)."""
         dirty = steps.filter(pl.col("step").is_between(lo, hi))
         if dirty.is_empty():
             return 0, None
@@ -372,42 +398,51 @@ class JobAnalyzer:
         op_rows = compute.op_rollup(collectives.filter(pl.col("step").is_in(ready_steps)))
         b = state.bucket_steps
         bucket_rows = steps.filter(pl.col("step").is_between(lo - lo % b, hi - hi % b + b - 1))
-        with self.engine.begin() as conn:
-            store.replace_step_rows(conn, tables.step_rollups, self.job_id, rollup, ready_steps)
-            store.replace_step_rows(conn, tables.op_rollups, self.job_id, op_rows, ready_steps)
-            store.write_rank_buckets(conn, self.job_id, b, compute.rank_buckets(bucket_rows, b))
+        replace_rows = partial(
+            rollup_tables.replace_step_rows, job_id=self.job_id, steps=ready_steps
+        )
+        writes += [
+            partial(replace_rows, table=tables.step_rollups, frame=rollup),
+            partial(replace_rows, table=tables.op_rollups, frame=op_rows),
+            partial(
+                rollup_tables.write_rank_buckets,
+                job_id=self.job_id,
+                bucket_steps=b,
+                buckets=compute.rank_buckets(bucket_rows, b),
+            ),
+        ]
         return len(ready_steps), None if held.is_empty() else int(held.min())  # type: ignore[arg-type]
 
-    def _rebucket_steps(self, state: _State) -> None:
-        """Double the rank × step bucket width while the job outgrows MAX_BUCKETS buckets."""
+    def _rebucket_steps(self, state: AnalysisState, *, stored: bool) -> list[Write]:
+        """Double the rank × step bucket width while the job outgrows MAX_BUCKETS buckets;
+        `stored`: the job has committed buckets to merge."""
         assert state.first_step is not None
         assert state.last_step is not None
         width = int(compute.bucket_width(0, state.last_step))
         if width <= state.bucket_steps:
-            return
-        stored = store.read_rank_buckets(self.engine, self.job_id)
-        with self.engine.begin() as conn:
-            conn.execute(
-                sa.delete(tables.rank_buckets).where(tables.rank_buckets.c.job_id == self.job_id)
+            return []
+        writes: list[Write] = [partial(rollup_tables.delete_rank_buckets, job_id=self.job_id)]
+        previous = rollup_tables.read_rank_buckets(self.engine, self.job_id) if stored else None
+        if previous is not None:
+            merged = compute.merge_rank_buckets(previous.frame(), width)
+            writes.append(
+                partial(
+                    rollup_tables.write_rank_buckets,
+                    job_id=self.job_id,
+                    bucket_steps=width,
+                    buckets=merged,
+                )
             )
-            if stored is not None:
-                merged = compute.merge_rank_buckets(stored.frame(), width)
-                store.write_rank_buckets(conn, self.job_id, width, merged)
         state.bucket_steps = width
+        return writes
 
     def _job_findings(
-        self, state: _State, job: dict[str, Any], rollup: pl.DataFrame
+        self, conn: sa.Connection, plan: SegmentPlan, job: dict[str, Any], rollup: pl.DataFrame
     ) -> list[schema.Finding]:
-        if rollup.is_empty() or state.plan is None:
+        if rollup.is_empty():
             return []
-        ops = reads.read_rollup(self.engine, tables.op_rollups, self.job_id, columns=_OP_COLUMNS)
-        return job_findings(rollup, None if ops.is_empty() else ops, job, state.plan, self.config)
-
-    def _nodes_and_ranks(self) -> tuple[dict[int, str], list[int]]:
-        ranks = frames.read_frame(self.engine, "ranks", self.job_id, columns=["rank", "node"])
-        named = ranks.drop_nulls("node")
-        nodes = dict(zip(named["rank"].to_list(), named["node"].to_list(), strict=True))
-        return nodes, ranks["rank"].to_list()
+        ops = rollup_tables.read_step_rows(conn, tables.op_rollups, self.job_id, _OP_COLUMNS)
+        return job_findings(rollup, None if ops.is_empty() else ops, job, plan, self.config)
 
     def _gpu_source(self, steps: pl.DataFrame) -> Any:
         """Reads the GPU samples of some ranks over these steps' time, when asked."""
@@ -429,61 +464,6 @@ class JobAnalyzer:
 
         return read
 
-    # --- GPU time buckets ------------------------------------------------------------------
-
-    def _gpu(self, state: _State, first_ts: float, last_ts: float | None) -> None:
-        state.first_gpu_ts, state.last_gpu_ts = _widen(
-            state.first_gpu_ts, state.last_gpu_ts, first_ts, last_ts
-        )
-        assert state.first_gpu_ts is not None
-        assert state.last_gpu_ts is not None
-        width = compute.bucket_width(state.first_gpu_ts, state.last_gpu_ts)
-        if width > state.gpu_bucket_s:
-            stored = store.read_gpu_buckets(self.engine, self.job_id)
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.delete(tables.gpu_buckets).where(tables.gpu_buckets.c.job_id == self.job_id)
-                )
-                if stored is not None:
-                    merged = compute.merge_gpu_buckets(stored[1], width)
-                    spread = compute.gpu_spread(merged)
-                    store.write_gpu_buckets(conn, self.job_id, width, merged, spread)
-            state.gpu_bucket_s = width
-        w = state.gpu_bucket_s
-        if first_ts <= state.first_gpu_ts:  # from the job's first sample: read them all
-            # a few ranks at a time along the key (a time-range read of a whole job goes
-            # through the ts index, row by row), bucketed as they come
-            ranks = self._nodes_and_ranks()[1]
-            if not ranks:  # samples come with their rank's first batch
-                return
-            buckets = pl.concat(
-                [
-                    compute.gpu_buckets(
-                        frames.read_frame(
-                            self.engine,
-                            "gpu",
-                            self.job_id,
-                            columns=compute.GPU_BUCKET_COLUMNS,
-                            ranks=ranks[i : i + _GPU_RANKS_PER_READ],
-                        ),
-                        w,
-                    )
-                    for i in range(0, len(ranks), _GPU_RANKS_PER_READ)
-                ]
-            ).sort("first_ts", "rank", "gpu_index")
-        else:
-            samples = frames.read_frame(
-                self.engine,
-                "gpu",
-                self.job_id,
-                columns=compute.GPU_BUCKET_COLUMNS,
-                from_ts=math.floor(first_ts / w) * w,
-                to_ts=(math.floor((last_ts or first_ts) / w) + 1) * w,
-            )
-            buckets = compute.gpu_buckets(samples, w)
-        with self.engine.begin() as conn:
-            store.write_gpu_buckets(conn, self.job_id, w, buckets, compute.gpu_spread(buckets))
-
 
 def analyze_stored_job(
     engine: sa.Engine,
@@ -494,5 +474,6 @@ def analyze_stored_job(
     on_findings: FindingsHook | None = None,
 ) -> list[schema.Finding]:
     """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
-    result = JobAnalyzer(engine, job_id, grace_s=grace_s, on_findings=on_findings).run(full=full)
-    return result.findings if result.findings else queries.load_findings(engine, job_id)
+    with JobAnalyzer(engine, job_id, grace_s=grace_s, on_findings=on_findings) as analyzer:
+        result = analyzer.run(full=full)
+    return result.findings if result.findings else findings.load_findings(engine, job_id)

@@ -8,8 +8,8 @@ import threading
 import sqlalchemy as sa
 
 from stepscope import query
-from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer
-from stepscope.store import queries
+from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer, PassResources
+from stepscope.store import jobs
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class BackgroundAnalyzer:
         self._active_within_s = active_within_s
         self._grace_s = grace_s
         self._on_findings = on_findings
+        self._resources = PassResources()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -44,15 +45,20 @@ class BackgroundAnalyzer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._resources.close()
 
     def run_once(self) -> int:
         """One pass over each active job; how many had new data."""
-        active = queries.active_jobs(self._engine, seen_within_s=self._active_within_s)
+        active = jobs.active_jobs(self._engine, seen_within_s=self._active_within_s)
         changed = 0
         for job_id in active:
             try:
                 result = JobAnalyzer(
-                    self._engine, job_id, grace_s=self._grace_s, on_findings=self._on_findings
+                    self._engine,
+                    job_id,
+                    grace_s=self._grace_s,
+                    on_findings=self._on_findings,
+                    resources=self._resources,
                 ).run()
             except Exception:
                 log.exception("analysis of job %s failed", job_id)

@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from stepscope.store import queries
+from stepscope.store import jobs
 
 
 class JobNotFound(LookupError):
@@ -20,7 +20,7 @@ class JobNotFound(LookupError):
 
 def require_job(engine: sa.Engine, job_id: str) -> dict[str, Any]:
     """The jobs row of `job_id`; raises JobNotFound if there is none."""
-    job = queries.load_job(engine, job_id)
+    job = jobs.load_job(engine, job_id)
     if job is None:
         raise JobNotFound(job_id)
     return job

@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from stepscope.query.common import check_at_least, check_choice, require_job
 from stepscope.query.memo import per_pass
 from stepscope.store import reads, tables
-from stepscope.store.rollups import RankBuckets
+from stepscope.store.rollup_tables import RankBuckets
 
 METRICS = tables.ROLLUP_METRICS
 STATS = ("mean", "max")

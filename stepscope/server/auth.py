@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from fastapi import HTTPException, Request, status
 
 from stepscope.schema import Scope
-from stepscope.store import queries
+from stepscope.store import tokens
 
 _CACHE_TTL_S = 30.0
 
@@ -33,7 +33,7 @@ class TokenCache:
             hit = self._entries.get(token)
         if hit and now - hit[0] < _CACHE_TTL_S:
             return hit[1]
-        found = queries.token_scopes(self._engine, token)
+        found = tokens.token_scopes(self._engine, token)
         with self._lock:
             if len(self._entries) > 10_000:
                 self._entries.clear()

@@ -3,8 +3,8 @@ slowest-rank counts and findings with their row ids.
 
 Rollups come through the ADBC connections of `stepscope.store.frames`, without a Python
 object per row: all columns of 10,000 step rollups read in ~27 ms (SQLite) / ~49 ms
-(PostgreSQL) against 83 / 124 ms through SQLAlchemy rows (`rollups.read_rows`); the float32
-vectors of 625 rank buckets × 1,024 ranks in 18 ms against 38 / 62 ms.
+(PostgreSQL) against 83 / 124 ms through SQLAlchemy rows (`rollup_tables.read_step_rows`);
+the float32 vectors of 625 rank buckets × 1,024 ranks in 18 ms against 38 / 62 ms.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from stepscope import schema
 from stepscope.store import frames, tables
-from stepscope.store.rollups import RankBuckets
+from stepscope.store.rollup_tables import RankBuckets
 
 _SQL_TYPES = {
     "sqlite": {"float": "REAL", "int": "INTEGER", "str": "TEXT", "bytes": "BLOB"},
@@ -116,7 +116,7 @@ def read_bucket_matrices(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> RankBuckets | None:
-    """`rollups.read_rank_buckets`, Arrow-native: the buckets overlapping a step range."""
+    """`rollup_tables.read_rank_buckets`, Arrow-native: the buckets overlapping a step range."""
     where: list[tuple[str, str, Any]] = []
     if to_step is not None:
         where.append(('"first_step"', "<=", int(to_step)))
@@ -165,7 +165,7 @@ def read_gpu_bucket_table(
     from_ts: float | None = None,
     to_ts: float | None = None,
 ) -> tuple[float, pl.DataFrame] | None:
-    """`rollups.read_gpu_buckets`, Arrow-native: (bucket width, long-form buckets) or None;
+    """`rollup_tables.read_gpu_buckets`, Arrow-native: (bucket width, long-form buckets) or None;
     `columns` selects the per-device statistics kept (default all)."""
     where: list[tuple[str, str, Any]] = []
     if from_ts is not None:

@@ -20,9 +20,10 @@ from polars.testing import assert_frame_equal
 
 from stepscope import schema
 from stepscope.pipeline.job_pass import JobAnalyzer
-from stepscope.store import frames, queries
+from stepscope.store import frames
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
+from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from tests.live_server import RunningServer, run_server
 from tests.support import write_job_in_rounds
@@ -58,7 +59,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stored]:
     for _ in write_job_in_rounds(engine, generate(spec), steps_per_batch=100):
         pass
     JobAnalyzer(engine, JOB, grace_s=0).run()
-    token = queries.create_token(engine, name="cli", scopes=["read"])
+    token = create_token(engine, name="cli", scopes=["read"])
     engine.dispose()
     with run_server(db_url, extra_args=["--auth"]) as server:
         yield Stored(db_url=db_url, server=server, token=token)

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
+from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
 from tests.live_server import RunningServer, run_server
@@ -33,7 +33,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     db_url = f"sqlite:///{tmp_path_factory.mktemp('dash-auth') / 'stepscope.db'}"
     engine = make_engine(db_url)
     upgrade(engine)
-    tokens = {s: queries.create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
+    tokens = {s: create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
     engine.dispose()
     with run_server(db_url, extra_args=["--auth"]) as server:
         job = generate(JobSpec(job_id=JOB, num_ranks=2, num_steps=40, seed=1))

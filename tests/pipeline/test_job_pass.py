@@ -11,12 +11,9 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig, analyze, rollups
-from stepscope.pipeline import job_pass as analyzer
-from stepscope.pipeline.job_pass import JobAnalyzer
-from stepscope.pipeline.recent_rows import RecentRowsCache
+from stepscope.pipeline.job_pass import JobAnalyzer, PassResources
 from stepscope.schema import Finding
-from stepscope.store import frames, tables
-from stepscope.store import rollups as store
+from stepscope.store import frames, reads, rollup_tables, tables
 from stepscope.store.engine import make_engine
 from stepscope.store.writer import BatchWriter
 from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
@@ -43,6 +40,11 @@ def engine(db_url: str) -> Any:
     engine = make_engine(db_url)
     yield engine
     engine.dispose()
+
+
+def _rollup(engine: sa.Engine, table: sa.Table, job_id: str, **steps: int) -> pl.DataFrame:
+    columns = [c.name for c in table.c if c.name != "job_id"]
+    return reads.read_rollup(engine, table, job_id, columns=columns, **steps)
 
 
 def _comparable(findings: list[Finding]) -> list[tuple[Any, ...]]:
@@ -107,20 +109,20 @@ def test_rollups_equal_a_direct_computation_over_the_raw_rows(engine: Any) -> No
     frames = to_frames(job)
     meta = frames["jobs"].row(0, named=True)
 
-    stored = store.read_rows(engine, tables.step_rollups, spec.job_id)
+    stored = _rollup(engine, tables.step_rollups, spec.job_id)
     direct = rollups.step_rollup(
         frames["steps"], peak_flops=meta["peak_flops"], world_size=meta["world_size"]
     )
     _assert_frames_close(stored, direct)
     _assert_frames_close(
-        store.read_rows(engine, tables.op_rollups, spec.job_id),
+        _rollup(engine, tables.op_rollups, spec.job_id),
         rollups.op_rollup(frames["collectives"]),
     )
-    buckets = store.read_rank_buckets(engine, spec.job_id)
+    buckets = rollup_tables.read_rank_buckets(engine, spec.job_id)
     assert buckets is not None
     assert buckets.bucket_steps == 1
     _assert_frames_close(buckets.frame(), rollups.rank_buckets(frames["steps"], 1), rel=1e-6)
-    gpu = store.read_gpu_buckets(engine, spec.job_id)
+    gpu = rollup_tables.read_gpu_buckets(engine, spec.job_id)
     assert gpu is not None
     width, gpu_frame = gpu
     _assert_frames_close(
@@ -154,7 +156,7 @@ def test_a_restarted_analyzer_resumes_from_the_stored_watermark(engine: Any) -> 
     next(rounds)
     after = JobAnalyzer(engine, spec.job_id, grace_s=0.0).run()
     assert after.rolled_up_steps == 50
-    stored = store.read_rows(engine, tables.step_rollups, spec.job_id, columns=["step"])
+    stored = _rollup(engine, tables.step_rollups, spec.job_id)
     assert stored["step"].to_list() == list(range(150))
     rounds.close()
 
@@ -192,13 +194,13 @@ def test_late_rows_are_held_back_then_rolled_up_and_resent_rows_change_nothing(
 
         writer.write(**_steps_batch(2, range(30, 40)))
         assert waiting.run().rolled_up_steps == 10
-        rollup = store.read_rows(engine, tables.step_rollups, "late")
+        rollup = _rollup(engine, tables.step_rollups, "late")
         assert rollup["num_ranks"].to_list() == [4] * 40
         assert rollup["slowest_rank"].to_list() == [3] * 40
 
         writer.write(**_steps_batch(2, range(30, 40), step_s=9.0))  # a resend: stored once
         waiting.run()
-        assert store.read_rows(engine, tables.step_rollups, "late").equals(rollup)
+        assert _rollup(engine, tables.step_rollups, "late").equals(rollup)
 
         # Without a grace period an incomplete step is rolled up, and updated when the rest
         # arrives.
@@ -206,11 +208,11 @@ def test_late_rows_are_held_back_then_rolled_up_and_resent_rows_change_nothing(
         for rank in (0, 1, 3):
             writer.write(**_steps_batch(rank, range(40, 45)))
         eager.run()
-        partial = store.read_rows(engine, tables.step_rollups, "late", from_step=40)
+        partial = _rollup(engine, tables.step_rollups, "late", from_step=40)
         assert partial["num_ranks"].to_list() == [3] * 5
         writer.write(**_steps_batch(2, range(40, 45)))
         eager.run()
-        complete = store.read_rows(engine, tables.step_rollups, "late", from_step=40)
+        complete = _rollup(engine, tables.step_rollups, "late", from_step=40)
         assert complete["num_ranks"].to_list() == [4] * 5
     finally:
         writer.close()
@@ -223,13 +225,13 @@ def test_rank_buckets_widen_as_the_job_grows(engine: Any) -> None:
         for rank in range(4):
             writer.write(**_steps_batch(rank, range(0, 1000)))
         analyzer.run()
-        before = store.read_rank_buckets(engine, "late")
+        before = rollup_tables.read_rank_buckets(engine, "late")
         for rank in range(4):
             writer.write(**_steps_batch(rank, range(1000, 1100)))
         analyzer.run()
     finally:
         writer.close()
-    after = store.read_rank_buckets(engine, "late")
+    after = rollup_tables.read_rank_buckets(engine, "late")
     assert before is not None
     assert after is not None
     assert (before.bucket_steps, after.bucket_steps) == (1, 2)
@@ -256,10 +258,11 @@ def test_a_live_pass_reads_from_the_store_only_the_steps_its_new_batches_touched
         return original(engine_, table, job_id, **filters)
 
     monkeypatch.setattr(frames, "read_frame", recording)
+    server = PassResources()  # what one server process keeps between passes
     rounds = write_job_in_rounds(engine, job, steps_per_batch=50)
     for i in rounds:
         read_from.clear()
-        JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run()
+        JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0, resources=server).run()
         if i == 5:
             break
     # Round 5 wrote steps 250..299: of its segment's steps 170..299, those before 250 are
@@ -267,11 +270,13 @@ def test_a_live_pass_reads_from_the_store_only_the_steps_its_new_batches_touched
     assert read_from == [250]
 
     # A new server process: the segment's rows come from the store.
-    monkeypatch.setattr(analyzer, "_RECENT", RecentRowsCache())
+    server.close()
+    server = PassResources()
     next(rounds)
-    JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run()
+    JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0, resources=server).run()
     assert read_from[-1] == 170
     list(rounds)
     incremental = JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run().findings
     full = JobAnalyzer(engine, spec.job_id, config=config, grace_s=0.0).run(full=True).findings
+    server.close()
     assert _comparable(incremental) == _comparable(full)

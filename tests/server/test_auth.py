@@ -11,9 +11,9 @@ import httpx
 import orjson
 import pytest
 
-from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
+from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import rank_batches, stream_job
 from tests.live_server import RunningServer, run_server
@@ -64,8 +64,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     url = f"sqlite:///{tmp_path_factory.mktemp('auth') / 'stepscope.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    tokens = {s: queries.create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
-    tokens["admin"] = queries.create_token(engine, name="admin", scopes=["admin"])
+    tokens = {s: create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
+    tokens["admin"] = create_token(engine, name="admin", scopes=["admin"])
     engine.dispose()
     with run_server(url, extra_args=["--auth"]) as server:
         for job_id in (JOB, DOOMED):

@@ -12,9 +12,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from stepscope.store import queries
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
+from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from stepscope.synthetic.stream import stream_job
 from tests.live_server import run_server
@@ -43,7 +43,7 @@ def fuzzed(
             url = stack.enter_context(fresh_postgres_database())
         engine = make_engine(url)
         upgrade(engine)
-        token = queries.create_token(engine, name="fuzz", scopes=["admin"])
+        token = create_token(engine, name="fuzz", scopes=["admin"])
         engine.dispose()
         server = stack.enter_context(run_server(url, extra_args=["--auth"]))
         spec = JobSpec(

@@ -8,7 +8,7 @@ one Arrow IPC blob of per-device statistics per time bucket.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ BUCKET_STATS = tuple(f"{m}_{a}" for m in tables.ROLLUP_METRICS for a in ("sum", 
 Connectable = sa.Engine | sa.Connection
 
 
-def _connection(db: Connectable) -> Any:
+def connection(db: Connectable) -> Any:
     """A context manager yielding a connection: a new one of an engine, or `db` itself."""
     if isinstance(db, sa.Engine):
         return db.connect()
@@ -67,29 +67,17 @@ def replace_step_rows(
     _insert_frame(conn, table, job_id, frame)
 
 
-def read_rows(
-    db: Connectable,
-    table: sa.Table,
-    job_id: str,
-    *,
-    columns: Sequence[str] | None = None,
-    from_step: int | None = None,
-    to_step: int | None = None,
+def read_step_rows(
+    conn: sa.Connection, table: sa.Table, job_id: str, columns: Sequence[str]
 ) -> pl.DataFrame:
-    """A job's rows of a rollup table keyed by step, ordered by key, optionally a step range."""
-    names = (
-        list(columns) if columns is not None else [c.name for c in table.c if c.name != "job_id"]
-    )
-    query = sa.select(*(table.c[n] for n in names)).where(table.c.job_id == job_id)
-    if from_step is not None:
-        query = query.where(table.c.step >= from_step)
-    if to_step is not None:
-        query = query.where(table.c.step <= to_step)
-    query = query.order_by(*(c for c in table.primary_key.columns if c.name != "job_id"))
-    with _connection(db) as conn:
-        rows = conn.execute(query).all()
-    schema = {n: _polars_type(table.c[n]) for n in names}
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    """A job's rows of step_rollups or op_rollups (these columns, in key order) as `conn` sees
+    them: a pass reads back the rollups it wrote in its own, uncommitted transaction (the
+    Arrow reads of stepscope.store.reads see only committed rows). Same frame as
+    `reads.read_rollup`."""
+    keys = [c for c in table.primary_key.columns if c.name != "job_id"]
+    query = sa.select(*(table.c[n] for n in columns)).where(table.c.job_id == job_id)
+    rows = conn.execute(query.order_by(*keys)).all()
+    return pl.DataFrame(rows, schema={n: _polars_type(table.c[n]) for n in columns}, orient="row")
 
 
 def _polars_type(column: sa.Column[Any]) -> pl.DataType:
@@ -169,7 +157,7 @@ def read_rank_buckets(
         query = query.where(t.c.first_step <= to_step)
     if from_step is not None:
         query = query.where(t.c.first_step + t.c.bucket_steps > from_step)
-    with _connection(db) as conn:
+    with connection(db) as conn:
         rows = conn.execute(query).all()
     if not rows:
         return None
@@ -232,7 +220,7 @@ def read_gpu_buckets(
         query = query.where(t.c.first_ts + t.c.bucket_s > from_ts)
     if to_ts is not None:
         query = query.where(t.c.first_ts <= to_ts)
-    with _connection(db) as conn:
+    with connection(db) as conn:
         rows = conn.execute(query.order_by(t.c.first_ts)).all()
     if not rows:
         return None
@@ -244,84 +232,19 @@ def read_gpu_buckets(
     return float(rows[-1].bucket_s), frame.select("first_ts", pl.exclude("first_ts"))
 
 
+def delete_rank_buckets(conn: sa.Connection, job_id: str) -> None:
+    """Remove a job's rank × step buckets (before they are written at a new width)."""
+    t = tables.rank_buckets
+    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
+
+
+def delete_gpu_buckets(conn: sa.Connection, job_id: str) -> None:
+    """Remove a job's GPU buckets (before they are written at a new width)."""
+    t = tables.gpu_buckets
+    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
+
+
 def delete_job_rollups(conn: sa.Connection, job_id: str) -> None:
     """Remove every rollup and the analysis state of a job."""
     for table in tables.ROLLUP_TABLES:
         conn.execute(sa.delete(table).where(table.c.job_id == job_id))
-
-
-# --- arrivals and the analysis watermark ----------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Arrivals:
-    """What the batches of a job received after some time touched."""
-
-    received_at: float
-    """When the newest of them arrived."""
-    first_step: int | None
-    last_step: int | None
-    first_gpu_ts: float | None
-    last_gpu_ts: float | None
-    num_batches: int
-
-
-def arrivals_since(db: Connectable, job_id: str, after: float) -> Arrivals | None:
-    """The extent of the job's batches received after `after`; None if there are none."""
-    b = tables.IngestBatch
-    query = sa.select(
-        sa.func.max(b.received_at),
-        sa.func.min(b.first_step),
-        sa.func.max(b.last_step),
-        sa.func.min(b.first_gpu_ts),
-        sa.func.max(b.last_gpu_ts),
-        sa.func.count(),
-    ).where(b.job_id == job_id, b.received_at > after)
-    with _connection(db) as conn:
-        row = conn.execute(query).one()
-    if row[0] is None:
-        return None
-    return Arrivals(*row)
-
-
-def count_batches(db: Connectable, job_id: str, after: float, upto: float) -> int:
-    """How many of the job's batches were received after `after` and up to `upto`."""
-    b = tables.IngestBatch
-    query = sa.select(sa.func.count()).where(
-        b.job_id == job_id, b.received_at > after, b.received_at <= upto
-    )
-    with _connection(db) as conn:
-        return int(conn.execute(query).scalar_one())
-
-
-def load_state(db: Connectable, job_id: str) -> tuple[float, dict[str, Any]] | None:
-    """(watermark, state) of a job's incremental analysis; None before its first pass."""
-    t = tables.analysis_state
-    with _connection(db) as conn:
-        row = conn.execute(sa.select(t.c.watermark, t.c.state).where(t.c.job_id == job_id)).first()
-    return None if row is None else (float(row.watermark), dict(row.state))
-
-
-def save_state(
-    conn: sa.Connection, job_id: str, watermark: float, state: dict[str, Any], now: float
-) -> None:
-    """Store where a job's incremental analysis stands."""
-    t = tables.analysis_state
-    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
-    conn.execute(
-        sa.insert(t).values(job_id=job_id, watermark=watermark, state=state, updated_at=now)
-    )
-
-
-def save_summary(
-    conn: sa.Connection,
-    job_id: str,
-    summary: dict[str, Any],
-    severities: Mapping[str, int],
-    now: float,
-) -> None:
-    """Store a job's summary (stepscope.analysis.rollups.steady_summary) and finding counts."""
-    t = tables.job_summaries
-    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
-    counts = {f"num_{s}": severities.get(s, 0) for s in ("info", "warning", "critical")}
-    conn.execute(sa.insert(t).values(job_id=job_id, **summary, **counts, updated_at=now))
