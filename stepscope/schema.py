@@ -240,7 +240,7 @@ class Finding:
     """One conclusion of the analysis, with the columns of the `findings` table."""
 
     job_id: str
-    kind: str
+    kind: FindingKind
     severity: Severity
     ranks: list[int] = field(default_factory=list)
     node: str | None = None
@@ -250,7 +250,7 @@ class Finding:
     expected: float | None = None
     observed: float | None = None
     effect: float | None = None
-    cause: str | None = None
+    cause: Cause | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     detected_at: float | None = None
 

@@ -31,7 +31,7 @@ from stepscope.analysis.dataloader import dataloader_findings
 from stepscope.analysis.grid import Grid, Ints, Matrix, column_sample, rank_median
 from stepscope.analysis.rollups import op_rollup, step_rollup
 from stepscope.analysis.segments import SegmentPlan, stitch
-from stepscope.analysis.stragglers import StragglerInput, straggler_findings
+from stepscope.analysis.stragglers import Channel, StragglerInput, straggler_findings
 from stepscope.analysis.telemetry import GpuEvidence, GpuSource
 from stepscope.analysis.throughput import rollup_series, series_findings
 from stepscope.schema import COLLECTIVES, Finding
@@ -263,7 +263,7 @@ def _rank_findings(
     reference_step_s = rank_median(m.step_s[:, ::stride])
     data_median_s = rank_median(column_sample(m.data_s))
 
-    channels = {"compute": m.compute_s, "data": m.data_s}
+    channels: dict[Channel, Matrix] = {"compute": m.compute_s, "data": m.data_s}
     if m.ops:
         ready_s = None if m.comm_wait_s is None else m.step_s - m.comm_wait_s
         channels["communication"] = finish_times(m.ops, ready_s)

@@ -27,7 +27,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,9 +41,11 @@ from stepscope.analysis.grid import (
     rank_median,
 )
 from stepscope.analysis.rank_levels import Thresholds, slow_stretches
-from stepscope.schema import Finding
+from stepscope.schema import Cause, Finding, FindingKind
 
-CHANNEL_METRIC = {
+Channel = Literal["compute", "data", "communication"]
+"""Where a straggler's excess time is measured; each is named after the cause it shows."""
+CHANNEL_METRIC: dict[Channel, str] = {
     "compute": "compute_s",
     "data": "data_s",
     "communication": "collective_finish_s",
@@ -60,7 +62,7 @@ class Episode:
     """A rank persistently slow in one channel, as positions on the grid's step axis."""
 
     rank_index: int
-    channel: str
+    channel: Channel
     first: int
     last: int
     confirmed: int
@@ -85,7 +87,7 @@ class StragglerInput:
     step_s: Matrix
     reference_step_s: NDArray[np.float32]
     """Job step time per step (median over ranks)."""
-    channels: dict[str, Matrix]
+    channels: dict[Channel, Matrix]
     comm_wait_s: Matrix | None = None
     transfer_s: NDArray[np.float32] | None = None
     """Per step, the collectives' own duration (smallest busy time over ranks, summed over ops)."""
@@ -99,7 +101,7 @@ class StragglerInput:
 
 
 def channel_episodes(
-    channel: str,
+    channel: Channel,
     x: Matrix,
     reference_step_s: NDArray[np.float32],
     config: AnalysisConfig,
@@ -225,7 +227,7 @@ def _finding(
     first = min(e.first for e in group)
     last = max(e.last for e in group)
     ongoing = any(e.ongoing for e in group)
-    per_channel: dict[str, float] = {}
+    per_channel: dict[Channel, float] = {}
     for e in group:
         per_channel[e.channel] = max(per_channel.get(e.channel, 0.0), e.excess_s)
     main = _main(group)
@@ -259,8 +261,8 @@ def _finding(
             "peers": nanmedian(rank_median(column_sample(data.comm_wait_s[span]))),
         }
 
-    kind = "straggler_rank"
-    cause = main.channel
+    kind: FindingKind = "straggler_rank"
+    cause: Cause = main.channel
     if cause == "compute" and data.compute_includes_wait:
         cause = "unknown"
     if gpu:

@@ -15,7 +15,7 @@ import polars as pl
 
 from stepscope.analysis.changepoints import ChangePoint, ChangePointConfig, detect_change_points
 from stepscope.analysis.rollups import mfu, step_rollup
-from stepscope.schema import Finding, Severity
+from stepscope.schema import Finding, FindingKind, Severity
 
 _WORK_COLUMNS = ("tokens", "samples", "flops")
 
@@ -179,6 +179,7 @@ def _shift_findings(
 def _shift_finding(
     job_id: str, metric: str, change: ChangePoint, last_step: int, critical_drop: float
 ) -> Finding:
+    kind: FindingKind
     severity: Severity
     if change.effect < 0:
         kind = "throughput_drop"
