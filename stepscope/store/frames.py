@@ -23,16 +23,11 @@ import sqlalchemy as sa
 
 from stepscope import schema
 from stepscope.store import pg_reader, sqlite_reader, tables
+from stepscope.store.arrow_sql import ARROW_TYPES, SQL_TYPES, keyed_select
 
 FRAME_TABLES: dict[str, sa.Table] = {**tables.RECORD_TABLES, "ranks": tables.ranks}
 """Frame name → table."""
 
-_ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "json": pa.string()}
-_SQL_TYPES = {
-    "sqlite": {"str": "TEXT", "int": "INTEGER", "float": "REAL", "json": "TEXT"},
-    "postgresql": {"str": "text", "int": "bigint", "float": "double precision", "json": "text"},
-}
-_TYPED_VALUES = {"str": "''", "int": "0", "float": "0.0", "json": "''"}
 ROWS_PER_READ = 131072
 """Rows a streamed read fetches at a time (a whole rank if it has more)."""
 _READS_IN_FLIGHT = 2
@@ -57,7 +52,7 @@ def arrow_schema(table: str, columns: Sequence[str] | None = None) -> pa.Schema:
         what = f"no column {', '.join(map(repr, unknown))}" if unknown else "no or repeated columns"
         raise ValueError(f"{table} has {what}; its columns are {', '.join(stored.keys())}")
     spec = schema.TABLES[FRAME_TABLES[table].name]
-    return pa.schema([(n, _ARROW_TYPES[spec.column(n).dtype]) for n in names])
+    return pa.schema([(n, ARROW_TYPES[spec.column(n).dtype]) for n in names])
 
 
 def read_frame(
@@ -267,7 +262,7 @@ def _select(
         # ADBC reads a PostgreSQL query without parameters through COPY, ~1.7x as fast: the
         # values are bound to transaction-local settings first, and the query reads those.
         params.append(str(value))  # str(float) round-trips exactly
-        sql_type = _SQL_TYPES[dialect][spec.column(column).dtype]
+        sql_type = SQL_TYPES[dialect][spec.column(column).dtype]
         return f"CAST(current_setting('stepscope.read_{len(params)}') AS {sql_type})"
 
     where = [f'"job_id" = {bind(job_id, "job_id")}']
@@ -306,30 +301,15 @@ def _select(
             )
             where = ["TRUE"]
 
-    # Key columns (never NULL) are selected as stored, so the primary-key index gives the
-    # order; the others are CAST to their type. Keys not asked for are dropped after reading.
-    keys = spec.key[1:]
-    read = [n for n in target.names if n not in unfilled]
-    names = [*read, *(k for k in keys if k not in target.names)]
-    sql_type = {n: _SQL_TYPES[dialect][spec.column(n).dtype] for n in names}
-    select = ", ".join(
-        f'"{n}"' if n in keys else f'CAST("{n}" AS {sql_type[n]}) AS "{n}"' for n in names
-    )
-    sql = f"SELECT {select} FROM {source} WHERE {' AND '.join(where)}"
+    # Keys not asked for are read for the order and dropped after reading.
+    read = {n: spec.column(n).dtype for n in target.names if n not in unfilled}
+    sql = keyed_select(dialect, source, where, read, spec.key[1:])
     setup = None
-    if dialect == "sqlite":
-        # ADBC's SQLite driver types a column by its values in the first batch: NULL there
-        # makes it int64, and a float or text later fails the read. A first row of typed
-        # values fixes the types; its NULL keys sort it first (SQLite merges it in, no sort).
-        typed = {n: f"CAST({_TYPED_VALUES[spec.column(n).dtype]} AS {sql_type[n]})" for n in names}
-        first = ", ".join(f'{"NULL" if n in keys else typed[n]} AS "{n}"' for n in names)
-        sql = f"SELECT {first} UNION ALL {sql}"
-    else:
+    if dialect != "sqlite":
         settings = (
             f"set_config('stepscope.read_{i}', ${i}, true)" for i in range(1, len(params) + 1)
         )
         setup = f"SELECT {', '.join(settings)}"
-    sql += " ORDER BY " + ", ".join(str(names.index(k) + 1) for k in keys)
     skipped = tuple(n for n in target.names if n in unfilled)
     return Select(sql, params, target, dialect == "sqlite", setup, unread=skipped)
 
