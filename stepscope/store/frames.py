@@ -73,7 +73,7 @@ def read_frame(
     whole_table = (ranks, from_step, to_step, from_ts, to_ts) == (None,) * 5
     if whole_table and table != "ranks" and _is_sqlite_file(engine):
         # One SQLite reader decodes on one core: a job's whole table is read by two, a range
-        # of ranks at a time (~1.8x as fast for 3M step rows on this 2-core machine).
+        # of ranks at a time (~1.8x as fast for 3M step rows).
         batches = iter_batches(engine, table, job_id, columns=columns, batch_rows=ROWS_PER_READ)
         return pl.DataFrame(pa.Table.from_batches(list(batches), schema=query.schema))
     unfilled = _unfilled_columns(engine, table, job_id)
