@@ -233,7 +233,6 @@ class _Spec:
     group_pos: int
     async_pos: int | None
     """Position of async_op; None for calls that are always sync (send/recv)."""
-    always_async: bool = False
 
 
 SPECS: dict[str, _Spec] = {
@@ -249,10 +248,11 @@ SPECS: dict[str, _Spec] = {
     "barrier": _Spec("barrier", None, None, 0, 1),
     "send": _Spec("send", 0, "tensor", 2, None),
     "recv": _Spec("recv", 0, "tensor", 2, None),
-    "isend": _Spec("send", 0, "tensor", 2, None, always_async=True),
-    "irecv": _Spec("recv", 0, "tensor", 2, None, always_async=True),
 }
-"""The torch.distributed functions timed, with where their arguments are."""
+"""The torch.distributed functions timed, with where their arguments are.
+
+Not `isend`/`irecv`: `dist.P2POp` (torch.distributed.pipelining, batch_isend_irecv) checks its
+op's identity against them, and a wrapper fails that check on every rank."""
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int | None, name: str | None) -> Any:
@@ -290,6 +290,10 @@ class CollectivePatch:
         local = self._local
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # While torch.compile traces the caller, the wrapper steps aside: dynamo turns the
+            # collective into a functional one, and a clock read here would break the graph.
+            if torch.compiler.is_compiling():
+                return fn(*args, **kwargs)
             if not self.enabled or getattr(local, "inside", False):
                 return fn(*args, **kwargs)
             call = self._begin(spec, args, kwargs)
@@ -313,9 +317,7 @@ class CollectivePatch:
     ) -> CollectiveCall | None:
         try:
             group = _arg(args, kwargs, spec.group_pos, "group")
-            if spec.always_async:
-                is_async = True
-            elif spec.async_pos is None:
+            if spec.async_pos is None:
                 is_async = False
             else:
                 is_async = bool(_arg(args, kwargs, spec.async_pos, "async_op"))

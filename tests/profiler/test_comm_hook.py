@@ -4,19 +4,17 @@ the step timer records one all-reduce per synchronising backward, with DDP's buc
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from stepscope.profiler.comm import CollectiveCall, DdpStepTimer, make_ddp_hook
 from stepscope.profiler.timer import CpuClock
+from tests.profiler.ranks import run_ranks
 
 pytestmark = pytest.mark.torchrun
 
@@ -68,25 +66,8 @@ def compare(rank: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
-def run_ranks(target: Callable[[int, int, Any], None]) -> list[dict[str, Any]]:
-    """Run `target(rank, port, queue)` on WORLD_SIZE processes; what each put, by rank."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, port, queue)) for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r["rank"])
-    for proc in procs:
-        proc.join(30)
-    assert [r["rank"] for r in results] == list(range(WORLD_SIZE))
-    return results
-
-
 def test_hooked_ddp_gradients_equal_plain_ddp_and_every_bucket_is_timed() -> None:
-    results = run_ranks(compare)
+    results = run_ranks(compare, WORLD_SIZE)
     for result in results:
         # Bit-identical: the hook scales by 1/world size as DDP does when it has no hook.
         assert result["identical"]
@@ -157,7 +138,7 @@ def time_steps(rank: int, port: int, queue: Any) -> None:
 
 
 def test_step_timer_records_one_all_reduce_per_synchronising_backward() -> None:
-    for result in run_ranks(time_steps):
+    for result in run_ranks(time_steps, WORLD_SIZE):
         # One call per synchronising backward; DDP's own buckets: 1 on step 0, 2 once rebuilt.
         assert result["per_step"] == [(1, 1), (2, 3), (3, 5), (4, 7), (5, 9)]
         assert result["num_step_calls"] == NUM_STEPS + 2
