@@ -1,10 +1,11 @@
 """The collective tap (CollectivePatch) never breaks training: pipeline parallelism, whose
 P2POp checks the identity of dist.isend/irecv, and torch.compile(fullgraph=True) of code that
-calls a collective, run as they do without it."""
+calls a collective, run as they do without it; FSDP2's collectives are recorded."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stepscope.profiler.comm import CollectivePatch
+from stepscope.profiler.comm import CollectiveCall, CollectivePatch
 from stepscope.profiler.timer import CpuClock
 from tests.profiler.ranks import run_ranks
 
@@ -113,3 +114,61 @@ def test_a_compiled_function_calling_all_reduce_compiles_whole_with_the_tap_inst
     for result in results:
         assert result["breaks"] == 0
         assert result["out"] == [6.0] * 4  # (1 + 2) summed over both ranks, then doubled
+
+
+LAYER_SIZES = ((16, 32), (32, 32), (32, 4))
+
+
+def _fsdp2_steps(rank: int, calls: list[CollectiveCall] | None) -> list[float]:
+    """NUM_STEPS steps of a model whose three Linear layers are each fully_shard-ed; losses."""
+    from torch.distributed.fsdp import fully_shard
+
+    patch = None
+    if calls is not None:
+        patch = CollectivePatch(clock=CpuClock(), record=calls.append)
+        patch.install()
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(*(nn.Linear(i, o) for i, o in LAYER_SIZES))
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank)
+        losses = []
+        for _ in range(NUM_STEPS):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, LAYER_SIZES[0][0], generator=gen)).square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+    finally:
+        if patch is not None:
+            patch.remove()
+
+
+def fsdp2(rank: int, port: int, queue: Any) -> None:
+    _init(rank, port)
+    try:
+        plain = _fsdp2_steps(rank, None)
+        calls: list[CollectiveCall] = []
+        tapped = _fsdp2_steps(rank, calls)
+        counts = Counter((c.op, c.num_bytes, c.group_size) for c in calls)
+        queue.put({"rank": rank, "same": tapped == plain, "counts": dict(counts)})
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_all_gathers_and_reduce_scatters_are_recorded_with_their_bytes() -> None:
+    # Per step, each layer's parameters are all-gathered for forward and again for backward
+    # (reshard_after_forward), and its gradients reduce-scattered; 4-byte floats.
+    expected = {}
+    for fan_in, fan_out in LAYER_SIZES:
+        layer_bytes = (fan_in * fan_out + fan_out) * 4
+        expected[("all_gather", layer_bytes, 2)] = 2 * NUM_STEPS
+        expected[("reduce_scatter", layer_bytes, 2)] = NUM_STEPS
+    for result in run_ranks(fsdp2, 2):
+        assert result["same"]  # bit-identical losses with the tap
+        assert result["counts"] == expected
