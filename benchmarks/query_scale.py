@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope import query, schema  # noqa: E402
 from stepscope.analysis import analyze  # noqa: E402
-from stepscope.pipeline.job_pass import JobAnalyzer, PassResources  # noqa: E402
+from stepscope.pipeline.job_pass import JobAnalyzer  # noqa: E402
+from stepscope.pipeline.resources import PassResources  # noqa: E402
 from stepscope.store import frames, tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402

@@ -10,6 +10,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from stepscope.pipeline.job_pass import FindingsHook
+from stepscope.pipeline.resources import PassResources
 from stepscope.query import JobNotFound
 from stepscope.schema import MAX_ID_CHARS, Scope
 
@@ -33,6 +34,10 @@ async def _findings_hook(request: Request) -> FindingsHook | None:
     return request.app.state.on_findings
 
 
+async def _pass_resources(request: Request) -> PassResources:
+    return request.app.state.pass_resources
+
+
 async def _job_id(
     job_id: Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS, description="A job id")],
 ) -> str:
@@ -44,6 +49,7 @@ async def _job_id(
 EngineDep = Annotated[sa.Engine, Depends(_engine)]
 RollupGraceDep = Annotated[float, Depends(_rollup_grace_s)]
 FindingsHookDep = Annotated[FindingsHook | None, Depends(_findings_hook)]
+PassResourcesDep = Annotated[PassResources, Depends(_pass_resources)]
 JobIdDep = Annotated[str, Depends(_job_id)]
 
 

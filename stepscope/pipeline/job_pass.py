@@ -31,7 +31,8 @@ from stepscope.analysis.pipeline import SegmentRows, combined_findings, segment_
 from stepscope.analysis.segments import SegmentPlan
 from stepscope.analysis.telemetry import GPU_COLUMNS
 from stepscope.pipeline.gpu_buckets import update_gpu_buckets
-from stepscope.pipeline.recent_rows import RecentRows, RecentRowsCache
+from stepscope.pipeline.recent_rows import RecentRows
+from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.state import AnalysisState, Write, widen
 from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables, tables
 
@@ -56,28 +57,6 @@ webhook sender): it must return at once; an error in it is logged, never raised.
 
 class RawRowsPrunedError(RuntimeError):
     """A full re-analysis of a job whose raw rows `stepscope db prune` deleted."""
-
-
-class PassResources:
-    """What the passes run by one owner (the server's scheduler, a command) share: threads
-    for their raw reads, and each live job's recent rows (stepscope.pipeline.recent_rows)."""
-
-    def __init__(self, *, max_jobs: int = 16) -> None:
-        self.reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepscope-read")
-        """Reads of a pass's step and collective rows, side by side."""
-        self.recent = RecentRowsCache(max_jobs)
-        """The rows of each live job's last segment, from its previous pass."""
-
-    def close(self) -> None:
-        """Stop the read threads and drop the kept rows."""
-        self.reads.shutdown(wait=True)
-        self.recent.clear()
-
-    def __enter__(self) -> PassResources:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -472,8 +451,11 @@ def analyze_stored_job(
     full: bool = False,
     grace_s: float = 30.0,
     on_findings: FindingsHook | None = None,
+    resources: PassResources | None = None,
 ) -> list[schema.Finding]:
     """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
-    with JobAnalyzer(engine, job_id, grace_s=grace_s, on_findings=on_findings) as analyzer:
+    with JobAnalyzer(
+        engine, job_id, grace_s=grace_s, on_findings=on_findings, resources=resources
+    ) as analyzer:
         result = analyzer.run(full=full)
     return result.findings if result.findings else findings.load_findings(engine, job_id)

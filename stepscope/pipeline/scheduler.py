@@ -8,7 +8,8 @@ import threading
 import sqlalchemy as sa
 
 from stepscope import query
-from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer, PassResources
+from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer
+from stepscope.pipeline.resources import PassResources
 from stepscope.store import jobs
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ class BackgroundAnalyzer:
         interval_s: float,
         active_within_s: float,
         grace_s: float = 30.0,
+        resources: PassResources,
         on_findings: FindingsHook | None = None,
     ) -> None:
         self._engine = engine
@@ -31,7 +33,7 @@ class BackgroundAnalyzer:
         self._active_within_s = active_within_s
         self._grace_s = grace_s
         self._on_findings = on_findings
-        self._resources = PassResources()
+        self._resources = resources
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -45,7 +47,6 @@ class BackgroundAnalyzer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._resources.close()
 
     def run_once(self) -> int:
         """One pass over each active job; how many had new data."""

@@ -12,6 +12,7 @@ from stepscope import __version__
 from stepscope.api import errors
 from stepscope.api.routes import router as api_router
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.server.auth import Authorizer, TokenCache
 from stepscope.server.openapi import build_openapi
@@ -39,11 +40,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     on_findings = webhooks.offer if webhooks else None
+    resources = PassResources()  # shared by the background passes and POST .../analyze
     analyzer = BackgroundAnalyzer(
         engine,
         interval_s=settings.analyze_interval_s,
         active_within_s=settings.active_within_s,
         grace_s=settings.rollup_grace_s,
+        resources=resources,
         on_findings=on_findings,
     )
     writer = BatchWriter(engine)
@@ -57,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             analyzer.stop()
+            resources.close()
             if webhooks:
                 webhooks.stop()
             writer.close()
@@ -72,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.writer = writer
+    app.state.pass_resources = resources
     tokens = TokenCache(engine)
     app.state.authorize = Authorizer(tokens, auth=settings.auth)
     app.state.on_findings = on_findings

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.schema import FINDINGS
 from stepscope.store.engine import make_engine
@@ -199,15 +200,17 @@ def test_background_analyzer_stores_findings_once_per_finding(
     )
     stream_job(generate(spec), live_server.url)
     engine = make_engine(live_server.db_url)
-    analyzer = BackgroundAnalyzer(engine, interval_s=60, active_within_s=600)
-
-    assert analyzer.run_once() == 1
-    first = read_rows(live_server.db_url, "findings", spec.job_id)
-    assert analyzer.run_once() == 0, "nothing arrived since: no re-analysis"
-    analyze_stored_job(engine, spec.job_id)
-    second = read_rows(live_server.db_url, "findings", spec.job_id)
-    stream_job(generate(spec), live_server.url)  # a restarted job resends: new data arrived
-    assert analyzer.run_once() == 1
+    with PassResources() as resources:
+        analyzer = BackgroundAnalyzer(
+            engine, interval_s=60, active_within_s=600, resources=resources
+        )
+        assert analyzer.run_once() == 1
+        first = read_rows(live_server.db_url, "findings", spec.job_id)
+        assert analyzer.run_once() == 0, "nothing arrived since: no re-analysis"
+        analyze_stored_job(engine, spec.job_id)
+        second = read_rows(live_server.db_url, "findings", spec.job_id)
+        stream_job(generate(spec), live_server.url)  # a restarted job resends: new data arrived
+        assert analyzer.run_once() == 1
 
     assert sorted((r["kind"], r["metric"]) for r in first) == [
         ("straggler_rank", "step_s"),

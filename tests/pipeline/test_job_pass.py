@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig, analyze, rollups
-from stepscope.pipeline.job_pass import JobAnalyzer, PassResources
+from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline.resources import PassResources
 from stepscope.schema import Finding
 from stepscope.store import frames, reads, rollup_tables, tables
 from stepscope.store.engine import make_engine

@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig
-from stepscope.pipeline.job_pass import JobAnalyzer, PassResources
+from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline.resources import PassResources
 from stepscope.schema import Finding
 from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables
 from stepscope.store.engine import make_engine

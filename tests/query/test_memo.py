@@ -9,6 +9,7 @@ import pytest
 
 from stepscope import query
 from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.store import reads
 from stepscope.store.engine import make_engine
@@ -70,7 +71,11 @@ def test_the_background_analyzer_computes_the_rank_table_after_its_pass(
         return original(engine_, job_id, **kwargs)
 
     monkeypatch.setattr(reads, "read_bucket_matrices", recording)
-    assert BackgroundAnalyzer(engine, interval_s=60, active_within_s=3600).run_once() == 1
+    with PassResources() as resources:
+        analyzer = BackgroundAnalyzer(
+            engine, interval_s=60, active_within_s=3600, resources=resources
+        )
+        assert analyzer.run_once() == 1
     assert read == ["warm"]
     table = query.rank_table(engine, spec.job_id)  # answered from memory
     assert read == ["warm"]

@@ -15,6 +15,7 @@ from stepscope.api.deps import (
     FindingsHookDep,
     IngestAuth,
     JobIdDep,
+    PassResourcesDep,
     ReadAuth,
     RollupGraceDep,
 )
@@ -107,6 +108,7 @@ def analyze(
     engine: EngineDep,
     rollup_grace_s: RollupGraceDep,
     on_findings: FindingsHookDep,
+    resources: PassResourcesDep,
     job_id: JobIdDep,
     _auth: IngestAuth,
     full: Annotated[
@@ -115,7 +117,14 @@ def analyze(
 ) -> list[FindingRead]:
     """Bring the job's rollups and findings up to date (scope ingest or admin); its findings."""
     query.job_summary(engine, job_id)  # 404 for an unknown job
-    analyze_stored_job(engine, job_id, full=full, grace_s=rollup_grace_s, on_findings=on_findings)
+    analyze_stored_job(
+        engine,
+        job_id,
+        full=full,
+        grace_s=rollup_grace_s,
+        on_findings=on_findings,
+        resources=resources,
+    )
     return [FindingRead.of(f) for f in query.findings(engine, job_id)]
 
 
