@@ -6,6 +6,7 @@ exports and offline analysis. Every other module reads its column lists from her
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
@@ -96,21 +97,32 @@ COLLECTIVE_OPS = (
     "barrier",
 )
 
+DEFAULT_GROUP = ""
+"""`group` of collectives rows whose process group is not known (files and profilers older
+than per-group records)."""
+
 COLLECTIVES = Table(
     name="collectives",
-    key=("job_id", "rank", "step", "op"),
+    key=("job_id", "rank", "step", "group", "op"),
     wire_excluded=("job_id", "rank"),
     columns=(
         _c("job_id", "str", required=True),
         _c("rank", "int", required=True),
         _c("step", "int", required=True),
+        _c("group", "str", doc="process group name (pg.group_name; the same on every member)"),
         _c("op", "str", doc="one of COLLECTIVE_OPS", required=True),
         _c("group_size", "int", doc="ranks in the process group", required=True),
         _c("count", "int", doc="collectives of this op in the step", required=True),
         _c("bytes", "int", "bytes", "payload per rank, summed over the step", required=True),
         _c("busy_s", "float", "s", "durations summed over the step", required=True),
+        _c("wait_s", "float", "s", "time the training thread sat blocked on these calls"),
+        _c("first_seq", "int", doc="per-group sequence number of the step's first call of op"),
+        _c("mesh_dim", "str", doc="DeviceMesh dimension the group spans (tp, dp_shard, pp, ...)"),
+        _c("group_ranks", "str", doc="members, compact: 0-3, 0-6:2, 0,1,5 or h:<hash>"),
     ),
 )
+"""One row per (step, process group, op) of a rank. `group` is optional on the wire and in
+files (DEFAULT_GROUP when absent); the store keeps it non-null as part of the key."""
 
 GPU = Table(
     name="gpu_samples",
@@ -181,6 +193,7 @@ RANKS = Table(
         _c("node", "str"),
         _c("pid", "int"),
         _c("incarnation", "str", doc="latest process incarnation seen for this rank"),
+        _c("mesh", "json", doc="DeviceMesh coordinates: {dim: [coordinate, size]} (pp: stage)"),
         _c("first_seen", "float", "s"),
         _c("last_seen", "float", "s"),
     ),
@@ -289,3 +302,42 @@ def busbw_bps(op: str, group_size: int, num_bytes: float, seconds: float) -> flo
     if seconds <= 0:
         return math.nan
     return num_bytes / seconds * busbw_factor(op, group_size)
+
+
+def group_label(group: str | None, mesh_dim: str | None) -> str:
+    """What a process group is called in findings, charts and rollups: its mesh dimension
+    when it spans one (every tp group is "tp"), else "group <name>" ("all" when unknown)."""
+    if mesh_dim:
+        return mesh_dim
+    if not group:
+        return "all"
+    return f"group {group}"
+
+
+def compact_ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    """A group's members in a few characters: "0-3", "0-6:2" (every 2nd), "0,1,5", or
+    "h:<12 hex>" for an irregular group of more than 16 ranks."""
+    members = sorted(ranks)
+    if not members:
+        return ""
+    if len(members) == 1:
+        return str(members[0])
+    stride = members[1] - members[0]
+    if stride > 0 and all(b - a == stride for a, b in zip(members, members[1:], strict=False)):
+        span = f"{members[0]}-{members[-1]}"
+        return span if stride == 1 else f"{span}:{stride}"
+    if len(members) <= 16:
+        return ",".join(map(str, members))
+    digest = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False)
+    return f"h:{digest.hexdigest()[:12]}"
+
+
+def expand_ranks(compact: str) -> list[int] | None:
+    """The members `compact_ranks` wrote (None for a hashed group)."""
+    if not compact or compact.startswith("h:"):
+        return None
+    if "-" in compact:
+        span, _, stride = compact.partition(":")
+        first, last = (int(x) for x in span.split("-"))
+        return list(range(first, last + 1, int(stride or 1)))
+    return [int(x) for x in compact.split(",")]
