@@ -35,7 +35,6 @@ from .flops import measure_flops, peak_flops_for
 from .groups import GroupRegistry
 from .shipper import Shipper
 from .steps import StepRecord
-from .tap import CollectiveTap
 from .timer import Clock, build_clock
 
 log = logging.getLogger(__name__)
@@ -215,8 +214,10 @@ class ActiveProfiler(Profiler):
         }
         self.shipper = Shipper(config=config, job=job, source=source)
         self._groups = GroupRegistry()
-        self._tap: CollectiveTap | None = None
+        self._tap: Any = None
         if config.patch_collectives and dist.is_available():
+            from .tap import CollectiveTap  # needs torch.distributed's C++ classes
+
             self._tap = CollectiveTap(
                 clock=self._clock,
                 record=self._record_call,

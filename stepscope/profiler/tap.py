@@ -208,7 +208,7 @@ class CollectiveTap:
     def _begin(
         self, group: GroupInfo | None, op: str, args: tuple[Any, ...], position: int | None
     ) -> CollectiveCall | None:
-        if group is None:
+        if group is None or self._capturing():
             return None
         try:
             seq = None
@@ -228,6 +228,10 @@ class CollectiveTap:
         except Exception as exc:
             self._fail(exc)
             return None
+
+    def _capturing(self) -> bool:
+        """A CUDA graph is being captured: its replays run no Python, so record none of it."""
+        return self.clock.name == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def _issued(self, call: CollectiveCall, work: Any) -> None:
         try:
