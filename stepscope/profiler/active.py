@@ -498,9 +498,9 @@ class ActiveProfiler(Profiler):
             )
 
     def _start_flop_count(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
+        from .flops import RankFlopCounter
 
-        self._flop_counter = FlopCounterMode(display=False)
+        self._flop_counter = RankFlopCounter()
         self._flop_counter.__enter__()
 
     def _stop_flop_count(self) -> None:
