@@ -259,11 +259,20 @@ class ActiveProfiler(Profiler):
         if timing == "step":
             self._step_timers.append(
                 DdpStepTimer(
-                    model, clock=self._clock, record=self._record_call, groups=self._groups
+                    model,
+                    clock=self._clock,
+                    record=self._record_call,
+                    groups=self._groups,
+                    on_error=self._tap_failed,
                 )
             )
         else:
-            hook = make_ddp_hook(clock=self._clock, record=self._record_call, groups=self._groups)
+            hook = make_ddp_hook(
+                clock=self._clock,
+                record=self._record_call,
+                groups=self._groups,
+                on_error=self._tap_failed,
+            )
             try:
                 model.register_comm_hook(model.process_group, hook)
             except RuntimeError as exc:  # e.g. the user registered a hook of their own
@@ -283,7 +292,8 @@ class ActiveProfiler(Profiler):
         elif hasattr(target, "mesh_dim_names") and hasattr(target, "get_coordinate"):
             found, is_model = groups.add_mesh(target), False
         else:
-            found, is_model = any(groups.add_mesh(m) for m in _meshes_of(target)), True
+            added = [groups.add_mesh(m) for m in _meshes_of(target)]  # all: 2-D has two
+            found, is_model = any(added), True
         if found:
             self.shipper.update_source(mesh=dict(groups.mesh))
         return not is_model
@@ -529,10 +539,11 @@ class ActiveProfiler(Profiler):
             return None
 
     def _tap_failed(self, exc: BaseException) -> None:
-        """The collective tap turned itself off: say so (training and the rest go on)."""
+        """Collective timing (the tap or DDP's) turned itself off: say so (training and the
+        rest go on)."""
         self.event(
             "exception",
-            f"stepscope's collective tap failed and is off: {type(exc).__name__}: {exc}",
+            f"stepscope's collective timing failed and is off: {type(exc).__name__}: {exc}",
         )
 
     def _fail(self, exc: BaseException) -> None:

@@ -31,7 +31,12 @@ from .timer import Clock, Mark
 log = logging.getLogger(__name__)
 
 
-def make_ddp_hook(*, clock: Clock, record: Record, groups: GroupRegistry) -> Callable[..., Any]:
+OnError = Callable[[BaseException], None]
+
+
+def make_ddp_hook(
+    *, clock: Clock, record: Record, groups: GroupRegistry, on_error: OnError | None = None
+) -> Callable[..., Any]:
     """A DDP comm hook doing what DDP does without one, timing each bucket.
 
     It scales the bucket by 1/world size and all-reduces it (sum) through the process
@@ -48,24 +53,33 @@ def make_ddp_hook(*, clock: Clock, record: Record, groups: GroupRegistry) -> Cal
 
     allreduce = untapped("allreduce")
 
+    failed = _Failure(on_error)
+    sizes: dict[int, int] = {}
+
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         group: Any = process_group if process_group is not None else dist.group.WORLD
-        info = groups.of(group)
-        size = info.size
         tensor = bucket.buffer()
-        call: CollectiveCall | None
-        try:
-            call = CollectiveCall(
-                op="all_reduce",
-                group=info,
-                num_bytes=tensor.numel() * tensor.element_size(),
-                start=mark(),
-                ddp_bucket=True,
-            )
-            record(call)
-        except Exception:
-            log.debug("stepscope could not time a DDP bucket", exc_info=True)
-            call = None
+        call: CollectiveCall | None = None
+        size = sizes.get(id(group))
+        if not failed:
+            try:
+                info = groups.of(group)
+                size = sizes[id(group)] = info.size
+                info.seq += 1
+                call = CollectiveCall(
+                    op="all_reduce",
+                    group=info,
+                    num_bytes=tensor.numel() * tensor.element_size(),
+                    start=mark(),
+                    seq=info.seq,
+                    ddp_bucket=True,
+                )
+                record(call)
+            except Exception as exc:
+                failed.report(exc)
+                call = None
+        if size is None:
+            size = sizes[id(group)] = group.size()
         if size > 1:
             tensor.mul_(1.0 / size)
         # Gloo and NCCL reduce complex tensors as pairs of reals, as dist.all_reduce does.
@@ -118,8 +132,17 @@ class DdpStepTimer:
     bucket count is estimated from DDP's bucket caps.
     """
 
-    def __init__(self, ddp: Any, *, clock: Clock, record: Record, groups: GroupRegistry) -> None:
+    def __init__(
+        self,
+        ddp: Any,
+        *,
+        clock: Clock,
+        record: Record,
+        groups: GroupRegistry,
+        on_error: OnError | None = None,
+    ) -> None:
         self._ddp = ddp
+        self._failed = _Failure(on_error)
         self._mark = clock.mark
         self._record = record
         self._group = groups.of(ddp.process_group)
@@ -152,20 +175,47 @@ class DdpStepTimer:
 
     def _gradients_reduced(self) -> None:
         start, self._compute_done = self._compute_done, None
+        if self._failed:
+            return
         try:
+            group = self._group
+            group.seq += 1  # one a synchronising backward, on every rank alike
             self._record(
                 CollectiveCall(
                     op="all_reduce",
-                    group=self._group,
+                    group=group,
                     num_bytes=self._num_bytes,
                     start=start,
                     end=self._mark(),
+                    seq=group.seq,
                     ddp_bucket=True,
                     count=self._num_buckets,
                 )
             )
-        except Exception:
-            log.debug("stepscope could not time a DDP step", exc_info=True)
+        except Exception as exc:
+            self._failed.report(exc)
+
+
+class _Failure:
+    """A DDP timer's error: logged and reported once, after which it times nothing."""
+
+    __slots__ = ("_on_error", "failed")
+
+    def __init__(self, on_error: OnError | None) -> None:
+        self._on_error = on_error
+        self.failed = False
+
+    def __bool__(self) -> bool:
+        return self.failed
+
+    def report(self, exc: BaseException) -> None:
+        self.failed = True
+        log.warning("stepscope: DDP timing failed and is off: %r", exc, exc_info=exc)
+        if self._on_error is not None:
+            try:
+                self._on_error(exc)
+            except Exception:
+                log.debug("stepscope: on_error raised", exc_info=True)
 
 
 def _bucket_count(ddp: Any, params: list[torch.Tensor]) -> int:

@@ -186,7 +186,7 @@ class CollectiveTap:
             call = tap._begin(tap._group(pg), op, args, position)
             work = original(pg, *args, **kwargs)
             if call is not None:
-                tap._issued(call, work)
+                tap._issued(call, work, args)
             return work
 
         wrapper.__name__ = name
@@ -235,7 +235,7 @@ class CollectiveTap:
         """A CUDA graph is being captured: its replays run no Python, so record none of it."""
         return self.clock.name == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _issued(self, call: CollectiveCall, work: Any) -> None:
+    def _issued(self, call: CollectiveCall, work: Any, args: tuple[Any, ...] = ()) -> None:
         try:
             if work is None:
                 call.end = self.clock.mark()
@@ -244,6 +244,9 @@ class CollectiveTap:
             if len(pending) >= _MAX_PENDING:
                 pending.pop(next(iter(pending.keys())), None)
             pending[work] = call
+            options = args[-1] if args else None
+            if getattr(options, "asyncOp", True) is False:
+                return  # synchronous: its wait follows at once and stamps the completion
             try:
                 future = work.get_future()
             except RuntimeError:  # gloo's reduce_scatter_single: completion = end of its wait
@@ -286,6 +289,10 @@ class CollectiveTap:
                 if call.end is None:
                     call.end = end
                     _completed_seq(call)
+                elif isinstance(end, float) and start <= call.end < end:
+                    # Completed while this thread sat in the wait: it was busy until the
+                    # thread resumed (CPU clock; the backend's thread stamped it earlier).
+                    call.end = end
             except Exception as exc:
                 self._fail(exc)
 
