@@ -38,11 +38,6 @@ class Heatmap:
 
     metric: str
     stat: str
-    group_by: str
-    """rank, node or a mesh dimension."""
-    groups: list[str | None] | None
-    """Each row's group: its node, or its coordinate in the mesh dimension (decimal); None
-    for ranks without one, "first–last" for a row of several groups; None with group_by="rank"."""
     rank_order: Ints
     """Every rank, in display order (by group, then node, then rank)."""
     row_starts: Ints
@@ -55,6 +50,11 @@ class Heatmap:
     """Column j covers steps step_edges[j] <= step < step_edges[j + 1]."""
     values: NDArray[np.float32]
     """(rows × columns); NaN where no step of a cell has a value."""
+    group_by: str = BY_RANK
+    """rank, node or a mesh dimension."""
+    groups: list[str | None] | None = None
+    """Each row's group: its node, or its coordinate in the mesh dimension (decimal); None
+    for ranks without one, "first–last" for a row of several groups; None with group_by="rank"."""
 
     def encode(self) -> dict[str, Any]:
         """A compact JSON-ready form: values quantised to uint8 over [lo, hi] (NULL = empty),

@@ -356,8 +356,8 @@ def mesh_sentence(f: Finding) -> str | None:
 
 
 def _waited_sentence(f: Finding, group: dict[str, Any], rank_s: Any, peers_s: Any) -> str:
-    """"Rank 3 (stage 1) is 30% slower in compute; its tp peers (ranks 2-3) waited for it,
-    12 ms per step." """
+    """The straggler and who waited for it: Rank 3 (stage 1) is 30% slower in compute; its
+    tp peers (ranks 2-3) waited for it, 12 ms per step."""
     who = subject(f).split(" on ")[0]
     name = str((f.evidence or {}).get("component") or "")
     component = labels.component(name, long=True, default=f.cause or "its work")
