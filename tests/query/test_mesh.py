@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from stepscope import query
 from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.schema import busbw_factor
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
 from stepscope.synthetic.generate import node_name, to_frames
@@ -32,6 +33,7 @@ from tests.jobs import (
 from tests.support import fresh_postgres_database
 
 JOB = "mesh-a"
+FACTORS = {op: busbw_factor(op, 2) for op in ("all_reduce", "all_gather")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,8 @@ def test_collectives_are_per_group_label_and_op(mesh: MeshStored) -> None:
     stats = query.collective_stats(mesh.engine, JOB)
     sizes = stats.sizes
     c = mesh.collectives.with_columns(
-        (pl.col("bytes") / pl.col("busy_s")).alias("bw"),  # factor 1 for groups of 2
+        # bus bandwidth of groups of 2: all_reduce × 1, all_gather × 1/2
+        (pl.col("bytes") / pl.col("busy_s") * pl.col("op").replace_strict(FACTORS)).alias("bw"),
         pl.col("mesh_dim").alias("label"),
     )
     per_step = c.group_by("label", "step").agg(
