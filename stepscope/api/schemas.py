@@ -206,19 +206,69 @@ class RankRead(BaseModel):
     finding_ids: list[int]
 
 
+class RankGroupRead(BaseModel):
+    """A node's ranks, or the ranks at one coordinate of a mesh dimension: per time
+    component the median over its ranks of their median_s (its typical rank) and the max
+    (its slowest rank's), the excess over the median group, how often one of its ranks was
+    the slowest."""
+
+    group: str | None
+    """The node, or the coordinate in the mesh dimension (decimal); null: ranks without one."""
+    ranks: list[int]
+    slowest_rank: int
+    """Its rank of the largest median data_s + compute_s."""
+    median_s: dict[str, float | None]
+    max_s: dict[str, float | None]
+    excess_s: dict[str, float | None]
+    """median_s minus the median over groups of median_s, per component."""
+    compute_excess: float | None
+    """Relative: compute_s median / the median group's − 1."""
+    step_excess: float | None
+    slowest_share: float | None
+    finding_ids: list[int]
+
+
+def _per_row(values: dict[str, NDArray[np.float64]], n: int) -> list[dict[str, float | None]]:
+    """metric → array, as one {metric: value} per row."""
+    lists = {m: floats(v) for m, v in values.items()}
+    return [{m: v[i] for m, v in lists.items()} for i in range(n)]
+
+
+def _groups_read(g: query.RankGroups) -> list[RankGroupRead]:
+    n = len(g.group)
+    median, maximum, excess = (_per_row(v, n) for v in (g.median, g.max, g.excess_s))
+    compute, step, share = (floats(v) for v in (g.compute_excess, g.step_excess, g.slowest_share))
+    return [
+        RankGroupRead(
+            group=g.group[i],
+            ranks=g.ranks[i],
+            slowest_rank=int(g.slowest_rank[i]),
+            median_s=median[i],
+            max_s=maximum[i],
+            excess_s=excess[i],
+            compute_excess=compute[i],
+            step_excess=step[i],
+            slowest_share=share[i],
+            finding_ids=g.finding_ids[i],
+        )
+        for i in range(n)
+    ]
+
+
 class RankTableRead(BaseModel):
-    """Every rank of the job, slowest first (by median data_s + compute_s)."""
+    """Every rank of the job, slowest first (by median data_s + compute_s); grouped by node
+    or a mesh dimension, also every group, slowest first (by its median)."""
 
     bucket_steps: int | None
+    group_by: str
+    """rank, node or a mesh dimension."""
     ranks: list[RankRead]
+    groups: list[RankGroupRead] | None
+    """null with group_by=rank."""
 
     @classmethod
-    def of(cls, t: query.RankTable) -> RankTableRead:
-        def column(values: dict[str, NDArray[np.float64]]) -> list[dict[str, float | None]]:
-            lists = {m: floats(v) for m, v in values.items()}
-            return [{m: v[i] for m, v in lists.items()} for i in range(t.rank.size)]
-
-        median, mean, excess = column(t.median), column(t.mean), column(t.excess_s)
+    def of(cls, t: query.RankTable, groups: query.RankGroups | None = None) -> RankTableRead:
+        median, mean, excess = (_per_row(v, t.rank.size) for v in (t.median, t.mean, t.excess_s))
         compute, step, slowest = (
             floats(t.compute_excess),
             floats(t.step_excess),
@@ -226,6 +276,8 @@ class RankTableRead(BaseModel):
         )
         return cls(
             bucket_steps=t.bucket_steps,
+            group_by="rank" if groups is None else groups.group_by,
+            groups=None if groups is None else _groups_read(groups),
             ranks=[
                 RankRead(
                     rank=rank,
@@ -244,12 +296,19 @@ class RankTableRead(BaseModel):
 
 
 class HeatmapRead(BaseModel):
-    """A rank × step grid (rows of ranks by node, columns of steps), values quantised to
-    uint8 over `scale`, zlib-deflated and base64-encoded (stepscope.query.decode_values):
-    value = scale[0] + q / 254 × (scale[1] − scale[0]); q = `null` for an empty cell."""
+    """A rank × step grid (rows of ranks by node, or of a group's ranks: a node, a mesh
+    coordinate; columns of steps), values quantised to uint8 over `scale`, zlib-deflated
+    and base64-encoded (stepscope.query.decode_values): value = scale[0] + q / 254 ×
+    (scale[1] − scale[0]); q = `null` for an empty cell. A cell is the mean (stat=mean)
+    over all its row's ranks' steps in it, or their max."""
 
     metric: str
     stat: str
+    group_by: str
+    """rank, node or a mesh dimension."""
+    groups: list[str | None] | None
+    """Each row's node or mesh coordinate (decimal; null: ranks without one, "a–b": a row
+    of several); null with group_by=rank."""
     ranks: list[int]
     """First rank of each row."""
     rank_order: list[int] | None
@@ -266,12 +325,16 @@ class HeatmapRead(BaseModel):
     values: str
 
     @classmethod
-    def of(cls, heat: query.Heatmap | None, metric: str, stat: str) -> HeatmapRead:
+    def of(
+        cls, heat: query.Heatmap | None, metric: str, stat: str, group_by: str = "rank"
+    ) -> HeatmapRead:
         if heat is None:  # before the job's first rollup: an empty grid
             empty = np.empty(0, dtype=np.int64)
             heat = query.Heatmap(
                 metric=metric,
                 stat=stat,
+                group_by=group_by,
+                groups=None if group_by == "rank" else [],
                 rank_order=empty,
                 row_starts=np.zeros(1, dtype=np.int64),
                 ranks=empty,
@@ -283,10 +346,13 @@ class HeatmapRead(BaseModel):
 
 
 class SizeRead(BaseModel):
-    """An op and message-size bucket (floor(log2(bytes per call)); -1 without bytes):
-    medians over its steps of the median rank's busbw (waiting included) and of the
-    fastest rank's (transfer) bus and algorithm bandwidth, in bytes/s."""
+    """A process group, op and message-size bucket (floor(log2(bytes per call)); -1
+    without bytes): medians over its steps of the median rank's busbw (waiting included)
+    and of the fastest rank's (transfer) bus and algorithm bandwidth, in bytes/s."""
 
+    group: str
+    """The group's label: its mesh dimension (every tp group is "tp"), else "group
+    <name>", "all" when not known."""
     op: str
     size_log2: int
     num_steps: int
@@ -297,8 +363,10 @@ class SizeRead(BaseModel):
 
 
 class OpSeriesRead(BaseModel):
-    """An op's bus bandwidth over steps: median rank and slowest rank, bytes/s."""
+    """An op's bus bandwidth in a process group over steps: median and slowest rank,
+    bytes/s."""
 
+    group: str
     op: str
     step: list[int]
     busbw_p50_bps: Floats
@@ -306,7 +374,7 @@ class OpSeriesRead(BaseModel):
 
 
 class CollectivesRead(BaseModel):
-    """A job's collectives per op and message size, and per op over steps."""
+    """A job's collectives per (group, op) and message size, and per (group, op) over steps."""
 
     sizes: list[SizeRead]
     series: list[OpSeriesRead]
@@ -325,6 +393,7 @@ class CollectivesRead(BaseModel):
         return cls(
             sizes=[
                 SizeRead(
+                    group=group,
                     op=op,
                     size_log2=size,
                     num_steps=n,
@@ -333,12 +402,13 @@ class CollectivesRead(BaseModel):
                     transfer_busbw_p50_bps=transfer,
                     algbw_p50_bps=algbw,
                 )
-                for op, size, n, per_call, busbw, transfer, algbw in zip(
-                    s.op, *columns, strict=True
+                for group, op, size, n, per_call, busbw, transfer, algbw in zip(
+                    s.group, s.op, *columns, strict=True
                 )
             ],
             series=[
                 OpSeriesRead(
+                    group=o.group,
                     op=o.op,
                     step=ints(o.step),
                     busbw_p50_bps=floats(o.busbw_p50_bps),
@@ -346,6 +416,29 @@ class CollectivesRead(BaseModel):
                 )
                 for o in c.series
             ],
+        )
+
+
+class MeshRead(BaseModel):
+    """The job's DeviceMesh as its ranks sent it: dimensions outer to inner with their
+    sizes, each rank's coordinates, and what the heatmap and rank table can group by."""
+
+    dims: list[str]
+    sizes: list[int]
+    group_by: list[str]
+    """rank, node, then each mesh dimension."""
+    ranks: list[int]
+    coords: list[list[int | None]]
+    """Per rank, its coordinate in each of dims (null where it sent none)."""
+
+    @classmethod
+    def of(cls, m: query.Mesh) -> MeshRead:
+        return cls(
+            dims=m.dims,
+            sizes=ints(m.sizes),
+            group_by=m.group_by,
+            ranks=ints(m.ranks),
+            coords=[[c if c >= 0 else None for c in row] for row in m.coords.tolist()],
         )
 
 

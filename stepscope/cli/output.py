@@ -10,15 +10,26 @@ from rich.console import Console
 from rich.table import Table
 
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
-from stepscope.schema import Finding
-from stepscope.text.findings import finding_line
+from stepscope.schema import FINDINGS, Finding
+from stepscope.text.findings import finding_line, mesh_sentence
 from stepscope.text.numbers import integer, known, rate, seconds, share, when
 
 
 def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
-    """One line per finding, or 'no findings'."""
-    lines = [f.text if isinstance(f, FindingRead) else finding_line(f) for f in findings]
+    """One line per finding (and, indented, where in the mesh it is: the group a
+    straggler's peers waited in, a slow collective's group), or 'no findings'."""
+    lines = []
+    for f in findings:
+        finding = _as_finding(f) if isinstance(f, FindingRead) else f
+        lines.append(f.text if isinstance(f, FindingRead) else finding_line(f))
+        where = mesh_sentence(finding)
+        if where:
+            lines.append(f"  {where}")
     typer.echo("\n".join(lines) if lines else "no findings")
+
+
+def _as_finding(f: FindingRead) -> Finding:
+    return Finding(**{name: getattr(f, name) for name in FINDINGS.names})
 
 
 def print_jobs(page: JobsPage) -> None:

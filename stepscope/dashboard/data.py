@@ -52,6 +52,8 @@ class JobPage:
     mfu: query.Series
     heatmap: query.Heatmap | None
     ranks: query.RankTable
+    mesh: query.Mesh
+    """What the heatmap and the breakdown can group ranks by (mesh.group_by)."""
     findings: list[query.StoredFinding]
     collectives: query.CollectiveStats
     gpu: query.GpuSeries | None
@@ -70,6 +72,7 @@ def job_page(engine: sa.Engine, job_id: str) -> JobPage:
             "mfu": lambda: query.step_series(engine, job_id, "mfu", max_points=MAX_POINTS),
             "heatmap": lambda: heatmap(engine, job_id, summary.world_size),
             "ranks": lambda: query.rank_table(engine, job_id),
+            "mesh": lambda: query.job_mesh(engine, job_id),
             "findings": lambda: query.findings(engine, job_id),
             "collectives": lambda: query.collective_stats(engine, job_id, max_points=MAX_POINTS),
             "gpu": lambda: query.gpu_series(engine, job_id, max_points=GPU_POINTS),
@@ -93,6 +96,7 @@ def heatmap(
     *,
     metric: str = "compute_s",
     stat: str = "mean",
+    group_by: str = "rank",
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> query.Heatmap | None:
@@ -103,11 +107,19 @@ def heatmap(
         job_id,
         metric,
         stat=stat,
+        group_by=group_by,
         max_ranks=max_ranks,
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
     )
+
+
+def breakdown(engine: sa.Engine, job_id: str, group_by: str) -> query.RankTable | query.RankGroups:
+    """The per-rank breakdown's table: every rank, or the groups of `group_by`."""
+    if group_by == "rank":
+        return query.rank_table(engine, job_id)
+    return query.rank_groups(engine, job_id, group_by)
 
 
 def events(engine: sa.Engine, job_id: str, summary: query.JobSummary) -> list[Event]:
@@ -148,7 +160,14 @@ class LiveUpdate:
 
 
 def live_update(
-    engine: sa.Engine, job_id: str, *, after_step: int, heatmap_from: int, metric: str, stat: str
+    engine: sa.Engine,
+    job_id: str,
+    *,
+    after_step: int,
+    heatmap_from: int,
+    metric: str,
+    stat: str,
+    group_by: str = "rank",
 ) -> LiveUpdate:
     """Only what is new since `after_step` (heatmap columns from `heatmap_from`)."""
     summary = query.job_summary(engine, job_id)
@@ -164,6 +183,7 @@ def live_update(
                 summary.world_size,
                 metric=metric,
                 stat=stat,
+                group_by=group_by,
                 from_step=heatmap_from,
             ),
             "findings": lambda: query.findings(engine, job_id),

@@ -106,14 +106,15 @@ def register_callbacks(app: dash.Dash) -> None:
         State(ids.JOB_LIVE_STATE, "data"),
         State(ids.JOB_HEATMAP_METRIC, "value"),
         State(ids.JOB_HEATMAP_STAT, "value"),
+        State(ids.JOB_HEATMAP_GROUP_BY, "value"),
         prevent_initial_call=True,
     )
     def refresh(
-        _n: int, job_id: str, state: dict[str, Any], metric: str, stat: str
+        _n: int, job_id: str, state: dict[str, Any], metric: str, stat: str, group_by: str
     ) -> tuple[Any, ...]:
         engine = context.engine()
         try:
-            return _refresh(engine, job_id, state, metric, stat)
+            return _refresh(engine, job_id, state, (metric, stat, group_by or "rank"))
         except query.JobNotFound:
             gone = ui.message(f"Job {job_id!r} was deleted", kind="error")
             nothing = dash.no_update
@@ -121,8 +122,10 @@ def register_callbacks(app: dash.Dash) -> None:
 
 
 def _refresh(
-    engine: Any, job_id: str, state: dict[str, Any], metric: str, stat: str
+    engine: Any, job_id: str, state: dict[str, Any], heatmap: tuple[str, str, str]
 ) -> tuple[Any, ...]:
+    """The refresh's outputs; `heatmap` is the heatmap's (metric, stat, group_by)."""
+    metric, stat, group_by = heatmap
     last, segments = state.get("last_step"), int(state.get("segments", 0)) + 1
     if last is None or segments > MAX_SEGMENTS:
         page = data.job_page(engine, job_id)
@@ -131,7 +134,9 @@ def _refresh(
             figures.band_figure(page.band, page.findings, page.events),
             figures.rates_figure(page.tokens, page.mfu, page.findings),
             figures.heatmap_figure(
-                data.heatmap(engine, job_id, s.world_size, metric=metric, stat=stat)
+                data.heatmap(
+                    engine, job_id, s.world_size, metric=metric, stat=stat, group_by=group_by
+                )
             ),
             header_cards(s),
             ui.findings_list(job_id, page.findings),
@@ -143,7 +148,7 @@ def _refresh(
     heatmap_from = state.get("heatmap_from") or last + 1
     new = data.live_update(
         engine, job_id, after_step=int(last), heatmap_from=int(heatmap_from), metric=metric,
-        stat=stat,
+        stat=stat, group_by=group_by,
     )  # fmt: skip
     s = new.summary
     band: Any = dash.no_update

@@ -16,13 +16,14 @@ from stepscope.figures.base import (
     traces_json,
     vline,
 )
-from stepscope.figures.collectives import collectives_figure
+from stepscope.figures.collectives import collective_name, collectives_figure
 from stepscope.figures.compare import baseline_levels, components_figure, overlay_figure
 from stepscope.figures.gpu import GPU_PANELS, gpu_figure, throttled_trace
 from stepscope.figures.ranks import (
     RANK_PANELS,
     breakdown_figure,
     color_range,
+    group_label,
     heatmap_figure,
     heatmap_labels,
     heatmap_trace,
@@ -50,6 +51,7 @@ __all__ = [
     "band_traces",
     "baseline_levels",
     "breakdown_figure",
+    "collective_name",
     "collectives_figure",
     "color_range",
     "components_figure",
@@ -57,6 +59,7 @@ __all__ = [
     "finding_label",
     "gpu_figure",
     "grid_layout",
+    "group_label",
     "heatmap_figure",
     "heatmap_labels",
     "heatmap_trace",

@@ -18,14 +18,22 @@ from stepscope.query import CollectiveStats
 from stepscope.text import numbers
 
 
+def collective_name(group: str, op: str) -> str:
+    """'tp all_gather', 'group 3 all_reduce'; the op alone when the group is not known."""
+    return op if group in ("", "all") else f"{group} {op}"
+
+
 def collectives_figure(stats: CollectiveStats) -> go.Figure:
-    """Bus bandwidth per op by message size (left) and per op over steps (right)."""
+    """Bus bandwidth per process group and op by message size (left) and over steps
+    (right); named by op alone when no group is known ("all")."""
     if not stats.sizes.op and not stats.series:
         return message_figure("No collectives reported")
     traces: list[go.Bar | go.Scatter] = []
     s = stats.sizes
-    for op in dict.fromkeys(s.op):
-        at = np.array([o == op for o in s.op])
+    keys = list(zip(s.group, s.op, strict=True))
+    for group, op in dict.fromkeys(keys):
+        at = np.array([k == (group, op) for k in keys])
+        name = collective_name(group, op)
         sizes = [
             "no bytes" if k < 0 else f"≥ {numbers.size(2.0**k)}" for k in s.size_log2[at].tolist()
         ]
@@ -33,11 +41,11 @@ def collectives_figure(stats: CollectiveStats) -> go.Figure:
             go.Bar(
                 x=sizes,
                 y=f32(s.busbw_p50_bps[at]),
-                name=text(op),
-                legendgroup=op,
+                name=text(name),
+                legendgroup=f"{group}/{op}",
                 customdata=s.num_steps[at],
                 hovertemplate="%{x}<br>%{y:.3s}B/s<br>%{customdata} steps<extra>"
-                + text(op)
+                + text(name)
                 + "</extra>",
                 xaxis="x",
                 yaxis="y",
@@ -52,8 +60,8 @@ def collectives_figure(stats: CollectiveStats) -> go.Figure:
                 go.Scatter(
                     x=series.step,
                     y=f32(values),
-                    name=text(f"{series.op} ({label})"),
-                    legendgroup=series.op,
+                    name=text(f"{collective_name(series.group, series.op)} ({label})"),
+                    legendgroup=f"{series.group}/{series.op}",
                     mode="lines",
                     line={"dash": dash, "width": 1.2},
                     hovertemplate="step %{x}<br>%{y:.3s}B/s<extra>%{fullData.name}</extra>",

@@ -22,9 +22,9 @@ from stepscope.figures.base import (
     text,
     vline,
 )
-from stepscope.query import Heatmap, RankTable, Series
+from stepscope.query import Heatmap, RankGroups, RankTable, Series
 from stepscope.text import numbers
-from stepscope.text.labels import component
+from stepscope.text.labels import component, mesh_coord, mesh_dim
 
 HEATMAP_SCALE = "Viridis"
 MAX_NODE_LINES = 128
@@ -32,7 +32,14 @@ MAX_NODE_LINES = 128
 
 
 def heatmap_labels(hm: Heatmap) -> list[str]:
-    """Row labels: 'rank · node', or 'first–last · node' for a row of several ranks."""
+    """Row labels: 'rank · node', or 'first–last · node' for a row of several ranks; grouped,
+    'node-0001 · 8 ranks', 'stage 1 · 4 ranks'."""
+    if hm.groups is not None:
+        sizes = (hm.row_starts[1:] - hm.row_starts[:-1]).tolist()
+        return [
+            text(f"{group_label(hm.group_by, g)} · {n} rank{'s' if n != 1 else ''}")
+            for g, n in zip(hm.groups, sizes, strict=True)
+        ]
     labels = []
     for i, first in enumerate(hm.ranks.tolist()):
         last = int(hm.rank_order[hm.row_starts[i + 1] - 1])
@@ -40,6 +47,18 @@ def heatmap_labels(hm: Heatmap) -> list[str]:
         node = hm.nodes[i]
         labels.append(text(f"{who} · {node}" if node else who))
     return labels
+
+
+def group_label(group_by: str, group: str | None) -> str:
+    """A group of ranks: its node ('no node' when unknown), or 'stage 1', 'tp 0'."""
+    if group_by == "node":
+        return group or "no node"
+    return mesh_coord(group_by, group)
+
+
+def group_axis_title(group_by: str) -> str:
+    """The rows' axis title of a chart grouped by `group_by`."""
+    return {"rank": "rank · node", "node": "node"}.get(group_by) or mesh_dim(group_by, long=True)
 
 
 def even_edges(step_edges: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -58,18 +77,21 @@ def heatmap_trace(hm: Heatmap, labels: Sequence[str] | None = None) -> go.Heatma
         y=list(labels) if labels is not None else heatmap_labels(hm),
         z=round_mantissa(hm.values),
         coloraxis="coloraxis",
-        hovertemplate=f"rank %{{y}}<br>step %{{x:.0f}}<br>{hm.stat} %{{z:.4g}} {unit}"
-        "<extra></extra>",
+        hovertemplate=f"{'rank ' if hm.groups is None else ''}%{{y}}<br>step %{{x:.0f}}<br>"
+        f"{hm.stat} %{{z:.4g}} {unit}<extra></extra>",
     )
 
 
 def heatmap_figure(hm: Heatmap | None) -> go.Figure:
-    """Rank × step heatmap, ranks grouped by node (a line between nodes), slowest brightest."""
+    """Rank × step heatmap, ranks grouped by node (a line between nodes), or a row per node
+    or mesh coordinate (hm.group_by); slowest brightest."""
     if hm is None or hm.values.size == 0:
         return message_figure("No rank buckets yet: the heatmap appears after the first analysis")
     labels = heatmap_labels(hm)
     node_of_row = [n.split("–")[0] if n else None for n in hm.nodes]
     bounds = [i for i in range(1, len(node_of_row)) if node_of_row[i] != node_of_row[i - 1]]
+    if hm.groups is not None:  # a row is a group: no node lines
+        bounds = []
     shapes = []
     if 0 < len(bounds) <= MAX_NODE_LINES:
         # One path of every line: a shape each costs ~0.3 ms to build, and a path to draw.
@@ -92,7 +114,11 @@ def heatmap_figure(hm: Heatmap | None) -> go.Figure:
             },
         },
         "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"title": {"text": "rank · node"}, "autorange": "reversed", "type": "category"},
+        "yaxis": {
+            "title": {"text": group_axis_title(hm.group_by)},
+            "autorange": "reversed",
+            "type": "category",
+        },
     }
     if shapes:
         layout["shapes"] = shapes
@@ -130,17 +156,32 @@ def _metric_title(metric: str) -> str:
     return f"{component(metric, long=True)} (s)" if metric.endswith("_s") else metric
 
 
-def breakdown_figure(table: RankTable, *, top: int = 32) -> go.Figure:
-    """Per-rank median time components (data / compute / comm wait), slowest first."""
+def breakdown_figure(table: RankTable | RankGroups, *, top: int = 32) -> go.Figure:
+    """Per-rank median time components (data / compute / comm wait), slowest first; or per
+    group of ranks (a node, a mesh coordinate) its ranks' median, a bar opening its slowest
+    rank."""
     have = np.isfinite(table.median["step_s"])
     if not have.any():
         return message_figure("No rank has a rolled-up step yet")
     n = min(top, int(have.sum()))
-    ranks = table.rank[have][:n]
-    nodes = [nd for nd, ok in zip(table.node, have.tolist(), strict=True) if ok][:n]
-    labels = [
-        text(f"{r} · {nd}" if nd else str(r)) for r, nd in zip(ranks.tolist(), nodes, strict=True)
-    ]
+    if isinstance(table, RankGroups):
+        ranks = table.slowest_rank[have][:n]
+        rows = [i for i, ok in enumerate(have.tolist()) if ok][:n]
+        labels = [
+            text(f"{group_label(table.group_by, table.group[i])} · {len(table.ranks[i])} ranks")
+            for i in rows
+        ]
+        hover = "slowest rank %{customdata}<br>median rank %{x:.4g} s<extra>%{fullData.name}"
+        axis = group_axis_title(table.group_by)
+    else:
+        ranks = table.rank[have][:n]
+        nodes = [nd for nd, ok in zip(table.node, have.tolist(), strict=True) if ok][:n]
+        labels = [
+            text(f"{r} · {nd}" if nd else str(r))
+            for r, nd in zip(ranks.tolist(), nodes, strict=True)
+        ]
+        hover = "rank %{customdata}<br>%{x:.4g} s<extra>%{fullData.name}"
+        axis = "rank · node"
     bars = [
         go.Bar(
             y=labels,
@@ -149,7 +190,7 @@ def breakdown_figure(table: RankTable, *, top: int = 32) -> go.Figure:
             name=component(metric),
             orientation="h",
             marker={"color": COMPONENT_COLORS[metric]},
-            hovertemplate="rank %{customdata}<br>%{x:.4g} s<extra>%{fullData.name}</extra>",
+            hovertemplate=hover + "</extra>",
         )
         for metric in ("data_s", "compute_s", "comm_wait_s")
     ]
@@ -162,7 +203,7 @@ def breakdown_figure(table: RankTable, *, top: int = 32) -> go.Figure:
         "barmode": "stack",
         "height": int(min(max(260, n * 18 + 100), 800)),
         "xaxis": {"title": {"text": title}},
-        "yaxis": {"autorange": "reversed", "type": "category", "title": {"text": "rank · node"}},
+        "yaxis": {"autorange": "reversed", "type": "category", "title": {"text": axis}},
     }
     return go.Figure(data=bars, layout=layout)
 

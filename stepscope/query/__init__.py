@@ -20,7 +20,8 @@ from stepscope.query.heatmaps import Heatmap, decode_values, heatmap
 from stepscope.query.jobs import SORT_KEYS as JOB_SORT_KEYS
 from stepscope.query.jobs import STATUSES as JOB_STATUSES
 from stepscope.query.jobs import JobFilters, JobRow, JobsPage, list_jobs
-from stepscope.query.ranks import RankTable, rank_table
+from stepscope.query.mesh import FIXED_GROUPINGS, Mesh, job_mesh
+from stepscope.query.ranks import RankGroups, RankTable, rank_groups, rank_table
 from stepscope.query.series import AGGREGATES as SERIES_AGGREGATES
 from stepscope.query.series import METRICS as SERIES_METRICS
 from stepscope.query.series import Band, Series, step_band, step_series
@@ -30,6 +31,7 @@ __all__ = [
     "EXPORT_FORMATS",
     "EXPORT_MEDIA_TYPES",
     "EXPORT_TABLES",
+    "FIXED_GROUPINGS",
     "HEATMAP_METRICS",
     "HEATMAP_STATS",
     "JOB_SORT_KEYS",
@@ -48,7 +50,9 @@ __all__ = [
     "JobRow",
     "JobSummary",
     "JobsPage",
+    "Mesh",
     "OpSeries",
+    "RankGroups",
     "RankTable",
     "Series",
     "SizeStats",
@@ -61,8 +65,10 @@ __all__ = [
     "findings",
     "gpu_series",
     "heatmap",
+    "job_mesh",
     "job_summary",
     "list_jobs",
+    "rank_groups",
     "rank_table",
     "step_band",
     "step_series",

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from stepscope.query.common import check_at_least, check_choice, require_job
 from stepscope.query.memo import per_pass
+from stepscope.query.mesh import BY_RANK, GroupKey, display_order, group_keys, group_starts
 from stepscope.store import reads, tables
 from stepscope.store.rollup_tables import RankBuckets
 
@@ -29,13 +30,16 @@ Ints = NDArray[np.int64]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heatmap:
     """values[row, col]: a statistic of `metric` over the ranks of a row and the steps of a
-    column. Rows are groups of consecutive ranks in (node, rank) order, so a node's ranks
-    sit together; row i holds rank_order[row_starts[i]:row_starts[i + 1]]."""
+    column. With group_by="rank", rows are consecutive ranks in (node, rank) order, so a
+    node's ranks sit together; grouped by node or a mesh dimension, a row is a node's ranks
+    or the ranks at one coordinate of that dimension (consecutive groups when there are
+    more than max_ranks). Row i holds rank_order[row_starts[i]:row_starts[i + 1]]; its
+    value is the mean over all its ranks' steps in the cell (stat="mean") or their max."""
 
     metric: str
     stat: str
     rank_order: Ints
-    """Every rank, in display order (by node, then rank)."""
+    """Every rank, in display order (by group, then node, then rank)."""
     row_starts: Ints
     """Offset of each row's first rank in rank_order, and len(rank_order) last."""
     ranks: Ints
@@ -46,6 +50,11 @@ class Heatmap:
     """Column j covers steps step_edges[j] <= step < step_edges[j + 1]."""
     values: NDArray[np.float32]
     """(rows × columns); NaN where no step of a cell has a value."""
+    group_by: str = BY_RANK
+    """rank, node or a mesh dimension."""
+    groups: list[str | None] | None = None
+    """Each row's group: its node, or its coordinate in the mesh dimension (decimal); None
+    for ranks without one, "first–last" for a row of several groups; None with group_by="rank"."""
 
     def encode(self) -> dict[str, Any]:
         """A compact JSON-ready form: values quantised to uint8 over [lo, hi] (NULL = empty),
@@ -60,6 +69,8 @@ class Heatmap:
         return {
             "metric": self.metric,
             "stat": self.stat,
+            "group_by": self.group_by,
+            "groups": self.groups,
             "ranks": self.ranks.tolist(),
             "rank_order": None if single else self.rank_order.tolist(),
             "row_starts": None if single else self.row_starts.tolist(),
@@ -90,13 +101,15 @@ def heatmap(
     metric: str = "compute_s",
     *,
     stat: str = "mean",
+    group_by: str = BY_RANK,
     max_ranks: int = 1024,
     max_steps: int = 1000,
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> Heatmap | None:
     """The rank × step heatmap of a job in at most max_ranks × max_steps cells (None before
-    its first rollup): means weighted by step counts, or maxima, over each cell's steps.
+    its first rollup): means weighted by step counts, or maxima, over each cell's steps and
+    ranks; rows of ranks, or of nodes or mesh coordinates (`group_by`).
 
     Cells are made of whole stored buckets, so a step range widens to bucket edges: a zoom
     is no finer than the analyzer's bucket width (raw steps are keyed by rank first, so a
@@ -107,14 +120,15 @@ def heatmap(
     check_at_least("max_ranks", max_ranks, 1)
     check_at_least("max_steps", max_steps, 1)
     require_job(engine, job_id)
+    nodes = reads.read_nodes(engine, job_id)
+    keys = group_keys(engine, job_id, group_by, nodes)
     names = [f"{metric}_sum", f"{metric}_count"] if stat == "mean" else [f"{metric}_max"]
     buckets = reads.read_bucket_matrices(
         engine, job_id, stats=names, from_step=from_step, to_step=to_step
     )
     if buckets is None:
         return None
-    nodes = reads.read_nodes(engine, job_id)
-    return _grid(buckets, metric, stat, nodes, max_ranks, max_steps)
+    return _grid(buckets, metric, stat, nodes, (group_by, keys), max_ranks, max_steps)
 
 
 def _grid(
@@ -122,6 +136,7 @@ def _grid(
     metric: str,
     stat: str,
     nodes: dict[int, str | None],
+    grouping: tuple[str, dict[int, GroupKey] | None],
     max_ranks: int,
     max_steps: int,
 ) -> Heatmap:
@@ -134,15 +149,16 @@ def _grid(
     step_edges = first + np.arange(num_cols + 1, dtype=np.int64) * width * merge
     step_edges[-1] = min(int(step_edges[-1]), int(buckets.first_steps[-1]) + width)
 
-    # Display order: by node (ranks without one last), then rank; rows of `group` ranks.
-    order = sorted(
-        buckets.ranks.tolist(), key=lambda r: (nodes.get(r) is None, nodes.get(r) or "", r)
-    )
+    # Display order: by group, node (ranks without one last), rank; rows of `merge_rows`
+    # groups (a group is one rank with group_by="rank").
+    group_by, keys = grouping
+    order = display_order(buckets.ranks.tolist(), nodes, keys)
     rank_order = np.array(order, dtype=np.int64)
     at = np.searchsorted(buckets.ranks, rank_order)
     same_order = bool(np.array_equal(rank_order, buckets.ranks))
-    group = math.ceil(rank_order.size / max_ranks)
-    row_starts = np.append(np.arange(0, rank_order.size, group), rank_order.size).astype(np.int64)
+    first_of_group = group_starts(order, keys)
+    merge_rows = math.ceil(first_of_group.size / max_ranks)
+    row_starts = np.append(first_of_group[::merge_rows], rank_order.size).astype(np.int64)
 
     def cells(matrix: NDArray[np.float32], reduce: np.ufunc, empty: float) -> NDArray[np.float64]:
         """`matrix` (buckets × ranks) reduced into (rows × columns) with `reduce`."""
@@ -156,7 +172,7 @@ def _grid(
             by_col = np.full((num_cols, m.shape[1]), empty)
             by_col[col[starts]] = reduce.reduceat(m, starts, axis=0)
             m = by_col
-        if group > 1:
+        if row_starts.size - 1 < m.shape[1]:
             m = reduce.reduceat(m, row_starts[:-1], axis=1)
         return m.T
 
@@ -173,9 +189,18 @@ def _grid(
         last_node = nodes.get(int(rank_order[row_starts[i + 1] - 1]))
         return first_node if first_node == last_node else f"{first_node}–{last_node}"
 
+    def group_of(i: int) -> str | None:
+        assert keys is not None
+        first = keys.get(int(rank_order[row_starts[i]]))
+        last = keys.get(int(rank_order[row_starts[i + 1] - 1]))
+        said = [None if k is None else str(k) for k in (first, last)]
+        return said[0] if first == last else f"{said[0]}–{said[1]}"
+
     return Heatmap(
         metric=metric,
         stat=stat,
+        group_by=group_by,
+        groups=None if keys is None else [group_of(i) for i in range(row_starts.size - 1)],
         rank_order=rank_order,
         row_starts=row_starts,
         ranks=rank_order[row_starts[:-1]],

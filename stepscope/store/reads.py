@@ -246,6 +246,15 @@ def read_nodes(engine: sa.Engine, job_id: str) -> dict[int, str | None]:
     return dict(zip(ranks["rank"].to_list(), ranks["node"].to_list(), strict=True))
 
 
+def read_meshes(engine: sa.Engine, job_id: str) -> dict[int, dict[str, Any] | None]:
+    """rank → DeviceMesh coordinates ({dim: [coordinate, size]}, None if not sent) of the
+    ranks a job has seen."""
+    r = tables.ranks
+    query = sa.select(r.c.rank, r.c.mesh).where(r.c.job_id == job_id).order_by(r.c.rank)
+    with engine.connect() as conn:
+        return {int(rank): mesh for rank, mesh in conn.execute(query).all()}
+
+
 # --- the jobs list --------------------------------------------------------------------------
 
 JOB_SORT_KEYS = (

@@ -9,6 +9,11 @@ of the job's step time, or a dict with `step_share` and `gpus`) when the analysi
 it, else from a synchronous straggler's effect e (its excess over the job's typical step
 time, which every rank waits for): the share of the job's step time lost to it, e / (1 + e).
 A throughput change says what caused it (`evidence["caused_by"]`), or that it is job-wide.
+A straggler says its pipeline stage (`evidence["stage"]`) and the process group in which
+its peers waited for it (`evidence["group"]["group"]`, a label: "tp"); a slow collective
+names its group (`evidence["group"]`).
+
+    critical  rank 3 (stage 1, node-0)  straggler since step 200  compute +30%, tp peers waited
 """
 
 from __future__ import annotations
@@ -53,15 +58,40 @@ def _gpus(finding: Finding) -> float | None:
     return float(gpus) if known(gpus) else None
 
 
+# Where in the mesh.
+
+
+def _stage(f: Finding) -> int | None:
+    """The straggler's pipeline stage, when the analysis states it."""
+    stage = (f.evidence or {}).get("stage")
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+
+
+def _waited_in(f: Finding) -> dict[str, Any] | None:
+    """The group in which a straggler's peers waited for it (evidence["group"]), if named."""
+    group = (f.evidence or {}).get("group")
+    return group if isinstance(group, dict) and _group_name(group.get("group")) else None
+
+
+def _group_name(label: Any) -> str | None:
+    """A group label worth saying: "tp", "group 5"; None for "all" (not known) or none."""
+    return str(label) if isinstance(label, str) and label not in ("", "all") else None
+
+
+def _collective_group(f: Finding) -> str | None:
+    """The group label of a slow collective (evidence["group"])."""
+    group = (f.evidence or {}).get("group")
+    return _group_name(group.get("group") if isinstance(group, dict) else group)
+
+
 # The one-line form.
 
 
 def finding_line(finding: Finding, width: int = WIDTH) -> str:
     """The finding as one line of at most `width` characters: the longest wording that fits
-    (with what it costs in GPUs, then without; fields two spaces apart, then one; a rank's
-    node is dropped last)."""
+    (with what it costs in GPUs, then without; fields two spaces apart, then one; the group
+    a straggler's peers waited in, then a rank's node, are dropped last)."""
     what = " ".join(filter(None, (_line_what(finding), _line_steps(finding))))
-    detail = _line_detail(finding)
     cost, gpus = job_cost(finding), _gpus(finding)
     wordings = [[""]]
     if cost is not None:
@@ -71,8 +101,10 @@ def finding_line(finding: Finding, width: int = WIDTH) -> str:
             with_gpus = [f"{c} ({gpus:.1f} GPUs)" for c in plain]
             wordings.insert(0, [*with_gpus, f"job cost {cost:.1%}, {gpus:.1f} GPUs"])
     line = ""
-    subjects = (_line_subject(finding), _line_subject(finding, with_node=False))
-    for subject_ in dict.fromkeys(subjects):
+    who = (_line_subject(finding), _line_subject(finding, with_node=False))
+    details = (_line_detail(finding), _line_detail(finding, with_group=False))
+    # The group a straggler's peers waited in goes first, the node last.
+    for subject_, detail in dict.fromkeys((s, d) for s in who for d in details):
         for costs in wordings:
             for sep in ("  ", " "):
                 for c in costs:
@@ -90,7 +122,13 @@ def _line_subject(f: Finding, *, with_node: bool = True) -> str:
     if f.kind == "straggler_node" and f.node:
         return f"node {f.node} ({len(f.ranks)} ranks)"
     if len(f.ranks) == 1:
-        return f"rank {f.ranks[0]}" + (f" ({f.node})" if f.node and with_node else "")
+        stage = _stage(f)
+        where = [
+            labels.mesh_coord("pp", stage) if stage is not None else None,
+            f.node if with_node else None,
+        ]
+        said = ", ".join(w for w in where if w)
+        return f"rank {f.ranks[0]}" + (f" ({said})" if said else "")
     if f.ranks:
         if len(f.ranks) > _MAX_LISTED_RANKS:
             return f"{len(f.ranks)} ranks"
@@ -100,7 +138,8 @@ def _line_subject(f: Finding, *, with_node: bool = True) -> str:
 
 def _line_what(f: Finding) -> str:
     if f.kind == "slow_collective" and f.evidence.get("op"):
-        return f"slow {f.evidence['op']}"
+        group = _collective_group(f)
+        return f"slow {f.evidence['op']}" + (f" in {group}" if group else "")
     return labels.kind(f.kind)
 
 
@@ -115,14 +154,15 @@ def _line_steps(f: Finding) -> str:
     return f"steps {f.first_step}-{f.last_step}"
 
 
-def _line_detail(f: Finding) -> str:
+def _line_detail(f: Finding, *, with_group: bool = True) -> str:
     e = f.evidence or {}
     if f.kind in _STRAGGLERS:
         rank, peers = e.get("rank_median_s"), e.get("peers_median_s")
         component = labels.component(str(e.get("component")), default=f.cause or "")
         if known(rank) and known(peers) and peers > 0:
-            return f"{component} {rank / peers - 1:+.0%}"
-        return component
+            component = f"{component} {rank / peers - 1:+.0%}"
+        group = _waited_in(f) if with_group else None
+        return f"{component}, {group['group']} peers waited" if group else component
     if f.kind == "straggler_node":
         return f.cause or ""
     if f.kind == "dataloader_stall" and known(f.observed):
@@ -175,6 +215,8 @@ class FindingText:
     ranks: list[int]
     """Ranks the finding names (the list links each to its rank page)."""
     node: str | None
+    stage: int | None = None
+    """The rank's pipeline stage, when stated."""
     when: str
     cause: str | None
     effect: str | None
@@ -190,6 +232,7 @@ def finding_text(f: Finding) -> FindingText:
         title=labels.kind(f.kind, long=True),
         ranks=list(f.ranks),
         node=f.node,
+        stage=_stage(f),
         when=steps(f),
         cause=labels.cause(f.cause, long=True) if f.cause else None,
         effect=_effect(f),
@@ -199,9 +242,12 @@ def finding_text(f: Finding) -> FindingText:
 
 
 def subject(f: Finding | FindingText) -> str:
-    """Who the finding is about: rank 5 on node-0001, node node-0001, 12 ranks, the job."""
+    """Who the finding is about: rank 5 (stage 1) on node-0001, node node-0001, 12 ranks,
+    the job."""
     if len(f.ranks) == 1:
-        return f"rank {f.ranks[0]}" + (f" on {f.node}" if f.node else "")
+        stage = f.stage if isinstance(f, FindingText) else _stage(f)
+        at = f" ({labels.mesh_coord('pp', stage)})" if stage is not None else ""
+        return f"rank {f.ranks[0]}{at}" + (f" on {f.node}" if f.node else "")
     if f.node:
         return f"node {f.node}" + (f" ({len(f.ranks)} ranks)" if f.ranks else "")
     if f.ranks:
@@ -241,6 +287,9 @@ def evidence_lines(f: Finding) -> list[str]:
     seconds = numbers.seconds
     lines = []
     rank_s, peers_s = e.get("rank_median_s"), e.get("peers_median_s")
+    waited = _waited_in(f)
+    if f.kind in _STRAGGLERS and waited is not None:
+        lines.append(_waited_sentence(f, waited, rank_s, peers_s))
     if known(rank_s) and known(peers_s):
         name = str(e.get("component", "time"))
         lines.append(
@@ -277,9 +326,10 @@ def evidence_lines(f: Finding) -> list[str]:
     if e.get("ranks_flagged") and e.get("ranks_on_node"):
         lines.append(f"{e['ranks_flagged']} of the node's {e['ranks_on_node']} ranks are slow.")
     if e.get("op") and known(e.get("message_bytes_at_least")):
+        group = _collective_group(f)
         lines.append(
-            f"{e['op']} calls of at least {numbers.size(e['message_bytes_at_least'])} "
-            f"over {e.get('steps', '?')} steps."
+            f"{e['op']} calls{f' in {group}' if group else ''} of at least "
+            f"{numbers.size(e['message_bytes_at_least'])} over {e.get('steps', '?')} steps."
         )
     if known(e.get("p_value")):
         lines.append(
@@ -289,6 +339,37 @@ def evidence_lines(f: Finding) -> list[str]:
     if known(e.get("detected_step")):
         lines.append(f"First detected at step {int(e['detected_step']):,}.")
     return lines
+
+
+def mesh_sentence(f: Finding) -> str | None:
+    """Where in the mesh a finding is, in a sentence: who waited for a straggler, in which
+    group a collective is slow; None when the finding says neither."""
+    e = f.evidence or {}
+    waited = _waited_in(f)
+    if f.kind in _STRAGGLERS and waited is not None:
+        return _waited_sentence(f, waited, e.get("rank_median_s"), e.get("peers_median_s"))
+    group = _collective_group(f) if f.kind == "slow_collective" else None
+    if group:
+        where = group if group.startswith("group ") else f"the {group} groups"
+        return f"The slow {e.get('op') or 'collective'} is in {where}."
+    return None
+
+
+def _waited_sentence(f: Finding, group: dict[str, Any], rank_s: Any, peers_s: Any) -> str:
+    """The straggler and who waited for it: Rank 3 (stage 1) is 30% slower in compute; its
+    tp peers (ranks 2-3) waited for it, 12 ms per step."""
+    who = subject(f).split(" on ")[0]
+    name = str((f.evidence or {}).get("component") or "")
+    component = labels.component(name, long=True, default=f.cause or "its work")
+    if known(rank_s) and known(peers_s) and peers_s > 0:
+        head = f"{who.capitalize()} is {rank_s / peers_s - 1:.0%} slower in {component}"
+    else:
+        head = f"{who.capitalize()} is slow"
+    members = group.get("group_ranks")
+    peers = f" (ranks {members})" if isinstance(members, str) and members else ""
+    waited = group.get("peers_lateness_s")
+    per_step = f", {numbers.seconds(waited)} per step" if known(waited) else ""
+    return f"{head}; its {group['group']} peers{peers} waited for it{per_step}."
 
 
 def _gpu_lines(gpu: dict[str, Any]) -> list[str]:

@@ -1,5 +1,5 @@
-"""What finding kinds, causes and time components are called: a short label for a line or a
-chart, a long one for a sentence or a title."""
+"""What finding kinds, causes, time components and DeviceMesh dimensions are called: a short
+label for a line or a chart, a long one for a sentence or a title."""
 
 from __future__ import annotations
 
@@ -41,6 +41,16 @@ COMPONENTS: dict[Component, Label] = {
     "comm_wait_s": Label("comm wait", "waiting on collectives"),
     "collective_finish_s": Label("comm", "time to finish collectives"),
 }
+MESH_DIMS: dict[str, Label] = {
+    "pp": Label("stage", "pipeline stage"),
+    "tp": Label("tp", "tensor-parallel rank"),
+    "dp": Label("dp", "data-parallel rank"),
+    "dp_shard": Label("dp shard", "data-parallel shard"),
+    "dp_replicate": Label("dp replica", "data-parallel replica"),
+    "cp": Label("cp", "context-parallel rank"),
+    "ep": Label("ep", "expert-parallel rank"),
+}
+"""The usual DeviceMesh dimension names (torchtitan's); a coordinate is "stage 1", "tp 0"."""
 THROTTLE_REASONS = {
     0x1: "GPU idle",
     0x2: "applications clocks setting",
@@ -78,6 +88,20 @@ def component(name: str, *, long: bool = False, default: str | None = None) -> s
     if label is None:
         return name if default is None else default
     return label.long if long else label.short
+
+
+def mesh_dim(name: str, *, long: bool = False) -> str:
+    """A mesh dimension's label: "stage" for pp, "tp"; an unknown one (the mesh's own name)
+    with its underscores as spaces."""
+    label = MESH_DIMS.get(name)
+    if label is None:
+        return name.replace("_", " ")
+    return label.long if long else label.short
+
+
+def mesh_coord(dim: str, coord: str | int | None) -> str:
+    """A coordinate of a mesh dimension: "stage 1", "tp 0", "tp ?" when not known."""
+    return f"{mesh_dim(dim)} {'?' if coord is None else coord}"
 
 
 def throttle_reasons(mask: int) -> list[str]:

@@ -18,6 +18,7 @@ from stepscope.query import (
     GpuSeries,
     Heatmap,
     OpSeries,
+    RankGroups,
     RankTable,
     Series,
     SizeStats,
@@ -214,6 +215,7 @@ def test_breakdown_lists_the_slowest_rank_first() -> None:
 def test_collectives_show_busbw_by_size_and_over_steps() -> None:
     stats = CollectiveStats(
         sizes=SizeStats(
+            group=["all", "all"],
             op=["all_reduce", "all_gather"],
             size_log2=np.array([25, 20], dtype=np.int64),
             num_steps=np.array([100, 50], dtype=np.int64),
@@ -224,6 +226,7 @@ def test_collectives_show_busbw_by_size_and_over_steps() -> None:
         ),
         series=[
             OpSeries(
+                group="all",
                 op="all_reduce",
                 step=np.array([0, 1], dtype=np.int64),
                 busbw_p50_bps=np.array([9e10, 8e10]),
@@ -286,3 +289,99 @@ def test_live_traces_are_json_with_typed_arrays() -> None:
     assert mid["y"]["dtype"] == "f4"
     assert high["fill"] == "tonexty"
     assert not mid["showlegend"]
+
+
+def test_collectives_are_named_by_group_and_op() -> None:
+    stats = CollectiveStats(
+        sizes=SizeStats(
+            group=["dp", "tp", "tp"],
+            op=["all_reduce", "all_gather", "all_gather"],
+            size_log2=np.array([25, 19, 20], dtype=np.int64),
+            num_steps=np.array([100, 60, 40], dtype=np.int64),
+            bytes_per_call_p50=np.array([4e7, 6e5, 1.2e6]),
+            busbw_p50_bps=np.array([9e10, 4e10, 5e10]),
+            transfer_busbw_p50_bps=np.array([1e11, 5e10, 6e10]),
+            algbw_p50_bps=np.array([5e10, 2.5e10, 3e10]),
+        ),
+        series=[
+            OpSeries(
+                group=group,
+                op=op,
+                step=np.array([0, 1], dtype=np.int64),
+                busbw_p50_bps=np.array([9e10, 8e10]),
+                busbw_min_bps=np.array([7e10, 6e10]),
+            )
+            for group, op in (("dp", "all_reduce"), ("tp", "all_gather"))
+        ],
+    )
+    fig = figures.collectives_figure(stats)
+    bars = [t for t in fig.data if t.type == "bar"]
+    lines = [t for t in fig.data if t.type == "scatter"]
+
+    assert [t.name for t in bars] == ["dp all_reduce", "tp all_gather"]
+    assert list(bars[1].x) == ["≥ 512 KiB", "≥ 1 MiB"]
+    assert [t.name for t in lines] == [
+        "dp all_reduce (median rank)",
+        "dp all_reduce (slowest rank)",
+        "tp all_gather (median rank)",
+        "tp all_gather (slowest rank)",
+    ]
+    assert {t.legendgroup for t in fig.data} == {"dp/all_reduce", "tp/all_gather"}
+
+
+def test_a_heatmap_by_stage_has_a_row_per_stage_without_node_lines() -> None:
+    hm = Heatmap(
+        metric="compute_s",
+        stat="mean",
+        group_by="pp",
+        groups=["0", "1"],
+        rank_order=np.arange(8, dtype=np.int64),
+        row_starts=np.array([0, 4, 8], dtype=np.int64),
+        ranks=np.array([0, 4], dtype=np.int64),
+        nodes=["node-a", "node-b"],
+        step_edges=np.array([0, 10, 20], dtype=np.int64),
+        values=np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32),
+    )
+    fig = figures.heatmap_figure(hm)
+    (trace,) = fig.data
+
+    assert list(trace.y) == ["stage 0 · 4 ranks", "stage 1 · 4 ranks"]
+    assert fig.layout.yaxis.title.text == "pipeline stage"
+    assert not fig.layout.shapes
+    assert trace.hovertemplate.startswith("%{y}<br>")
+    by_node = Heatmap(**{**{f: getattr(hm, f) for f in Heatmap.__slots__}, "group_by": "node",
+                         "groups": ["<b>n</b>", None]})  # fmt: skip
+    assert figures.heatmap_labels(by_node) == [
+        "&lt;b&gt;n&lt;/b&gt; · 4 ranks",
+        "no node · 4 ranks",
+    ]
+
+
+def test_the_breakdown_by_node_draws_each_node_s_median_rank() -> None:
+    median = {
+        "step_s": np.array([0.6, 0.5, np.nan]),
+        "data_s": np.array([0.01, 0.01, np.nan]),
+        "compute_s": np.array([0.55, 0.47, np.nan]),
+        "comm_wait_s": np.array([0.04, 0.02, np.nan]),
+    }
+    groups = RankGroups(
+        group_by="node",
+        group=["n1", "n0", None],
+        ranks=[[4, 5, 6, 7], [0, 1, 2, 3], [8]],
+        slowest_rank=np.array([5, 2, 8], dtype=np.int64),
+        median=median,
+        max=median,
+        excess_s=median,
+        compute_excess=np.zeros(3),
+        step_excess=np.zeros(3),
+        slowest_share=np.zeros(3),
+        finding_ids=[[1], [], []],
+        bucket_steps=1,
+    )
+    fig = figures.breakdown_figure(groups)
+    _data, compute, _wait = fig.data
+
+    assert list(compute.y) == ["n1 · 4 ranks", "n0 · 4 ranks"]  # the group without steps left out
+    assert list(compute.customdata) == [5, 2]  # a click opens the slowest rank
+    np.testing.assert_allclose(compute.x, [0.55, 0.47], rtol=1e-6)
+    assert fig.layout.yaxis.title.text == "node"

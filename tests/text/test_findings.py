@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from stepscope.text.findings import evidence_lines, finding_line, finding_text, job_cost, subject
+from stepscope.text.findings import (
+    evidence_lines,
+    finding_line,
+    finding_text,
+    job_cost,
+    mesh_sentence,
+    subject,
+)
 from tests.findings import straggler
 
 
@@ -44,3 +51,65 @@ def test_the_line_and_the_sentences_say_the_same_cost() -> None:
     assert line == "critical rank 5 (node-0001) straggler since step 20 compute +32% job cost 23.1%"
     assert f"{job_cost(f):.1%}" in line
     assert finding_text(f).cost == f"costs the job {job_cost(f):.1%} of its step time"
+
+
+TP_GROUP = {
+    "group": "tp",
+    "group_name": "7",
+    "group_ranks": "4-5",
+    "mesh_dim": "tp",
+    "peers_lateness_s": 0.012,
+    "rank_lateness_s": 0.0001,
+}
+
+
+def in_mesh(**evidence: object) -> dict[str, object]:
+    base = dict(straggler().evidence)
+    return {**base, "stage": 1, "group": TP_GROUP, **evidence}
+
+
+def test_a_straggler_says_its_stage_and_the_group_its_peers_waited_in() -> None:
+    f = straggler(evidence=in_mesh(), node=None, effect=None)
+    assert finding_line(f) == (
+        "critical rank 5 (stage 1) straggler since step 20 compute +32%, tp peers waited"
+    )
+    assert mesh_sentence(f) == (
+        "Rank 5 (stage 1) is 32% slower in compute; its tp peers (ranks 4-5) waited for it, "
+        "12 ms per step."
+    )
+    assert evidence_lines(f)[0] == mesh_sentence(f)
+    assert subject(finding_text(f)) == "rank 5 (stage 1)"
+
+
+def test_the_line_keeps_the_cost_and_the_stage_over_the_group_and_the_node() -> None:
+    f = straggler(evidence=in_mesh())
+
+    assert finding_line(f) == (
+        "critical rank 5 (stage 1) straggler since step 20 compute +32% job cost 23.1%"
+    )
+    assert finding_line(f, width=140) == (
+        "critical  rank 5 (stage 1, node-0001)  straggler since step 20  compute +32%, tp peers "
+        "waited  costs the job 23.1% of its step time"
+    )
+    assert subject(finding_text(f)) == "rank 5 (stage 1) on node-0001"
+
+
+def test_a_group_not_known_is_not_said() -> None:
+    unknown = straggler(evidence=in_mesh(group={**TP_GROUP, "group": "all"}, stage=None))
+    assert "peers waited" not in finding_line(unknown)
+    assert mesh_sentence(unknown) is None
+    assert finding_line(unknown).split()[:4] == ["critical", "rank", "5", "(node-0001)"]
+
+
+def test_a_slow_collective_names_its_group() -> None:
+    evidence = {"op": "all_reduce", "group": "dp", "message_bytes_at_least": 2**20, "steps": 40}
+    f = straggler(kind="slow_collective", ranks=[], node=None, effect=-0.4, evidence=evidence)
+    named = straggler(
+        kind="slow_collective", ranks=[], node=None, effect=-0.4,
+        evidence={**evidence, "group": "group 3"},
+    )  # fmt: skip
+
+    assert finding_line(f) == "critical  job  slow all_reduce in dp since step 20  busbw -40%"
+    assert mesh_sentence(f) == "The slow all_reduce is in the dp groups."
+    assert mesh_sentence(named) == "The slow all_reduce is in group 3."
+    assert "all_reduce calls in dp of at least 1 MiB over 40 steps." in evidence_lines(f)

@@ -42,3 +42,15 @@ def test_labels_short_and_long() -> None:
         "software power cap",
         "hardware thermal slowdown",
     ]
+
+
+def test_mesh_dims_and_coordinates_have_labels() -> None:
+    from stepscope.text import labels
+
+    assert labels.mesh_dim("pp") == "stage"
+    assert labels.mesh_dim("pp", long=True) == "pipeline stage"
+    assert labels.mesh_dim("dp_shard") == "dp shard"
+    assert labels.mesh_dim("my_dim") == "my dim"
+    assert labels.mesh_coord("pp", 1) == "stage 1"
+    assert labels.mesh_coord("tp", "0") == "tp 0"
+    assert labels.mesh_coord("tp", None) == "tp ?"

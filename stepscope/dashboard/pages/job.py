@@ -12,7 +12,7 @@ from stepscope import figures, query
 from stepscope.dashboard import components as ui
 from stepscope.dashboard import context, data, ids, live
 from stepscope.dashboard.gestures import clicked_rank, step_range
-from stepscope.text.labels import component
+from stepscope.text.labels import component, mesh_dim
 
 HEATMAP_METRICS = {
     m: component(m, long=True) for m in ("compute_s", "step_s", "data_s", "comm_wait_s")
@@ -20,6 +20,25 @@ HEATMAP_METRICS = {
 STEP_AXIS_ONLY = """(relayout) => Object.keys(relayout || {}).some((k) => k.startsWith("xaxis."))
     ? relayout : window.dash_clientside.no_update"""
 """Passes on a heatmap relayout that moved the step axis (a zoom or its reset), no other."""
+
+
+def group_by_options(mesh: query.Mesh) -> list[dict[str, str]]:
+    """The "group by" choices of a job: each rank, each node, each mesh dimension it has."""
+    names = {"rank": "each rank", "node": "by node"}
+    return [
+        {"label": names.get(g) or f"by {mesh_dim(g, long=True)} ({g})", "value": g}
+        for g in mesh.group_by
+    ]
+
+
+def _group_by(component_id: str, mesh: query.Mesh) -> dcc.Dropdown:
+    return dcc.Dropdown(
+        id=component_id,
+        options=group_by_options(mesh),
+        value="rank",
+        clearable=False,
+        className="filter",
+    )
 
 
 def layout(job_id: str = "", **_query: str) -> html.Div:
@@ -97,22 +116,26 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
                             clearable=False,
                             className="filter",
                         ),
+                        _group_by(ids.JOB_HEATMAP_GROUP_BY, page.mesh),
                     ],
                     className="filters",
                 ),
                 ui.graph(ids.JOB_HEATMAP, figures.heatmap_figure(page.heatmap)),
-                note="Ranks grouped by node. Zoom to re-read finer steps; double-click to "
-                "reset; click a row to open its rank.",
+                note="Ranks grouped by node; grouped, a row is the mean over a node's ranks or "
+                "over the ranks at one mesh coordinate. Zoom to re-read finer steps; "
+                "double-click to reset; click a row to open its rank.",
             ),
             ui.section(
                 "Where each rank's time goes",
+                html.Div([_group_by(ids.JOB_BREAKDOWN_GROUP_BY, page.mesh)], className="filters"),
                 ui.graph(ids.JOB_BREAKDOWN, figures.breakdown_figure(page.ranks)),
-                note="The slowest ranks first (by their own work: data + compute). "
-                "Click a bar to open the rank.",
+                note="The slowest ranks first (by their own work: data + compute); grouped, "
+                "each group's median rank. Click a bar to open the rank (a group's slowest).",
             ),
             ui.section(
                 "Collectives",
                 ui.graph(ids.JOB_COLLECTIVES, figures.collectives_figure(page.collectives)),
+                note="Per process group (its mesh dimension: every tp group is tp) and op.",
             ),
             ui.section(
                 "GPU telemetry across devices",
@@ -123,7 +146,8 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    """Heatmap re-reads (metric, statistic, zoom) and clicks that open a rank."""
+    """Heatmap re-reads (metric, statistic, grouping, zoom), the breakdown's grouping, and
+    clicks that open a rank."""
     # Only a relayout of the step axis goes to the server: plotly reports one too when a
     # graph sizes itself after its first draw, a round trip at every page load.
     app.clientside_callback(
@@ -137,11 +161,14 @@ def register_callbacks(app: dash.Dash) -> None:
         Output(ids.JOB_HEATMAP, "figure"),
         Input(ids.JOB_HEATMAP_METRIC, "value"),
         Input(ids.JOB_HEATMAP_STAT, "value"),
+        Input(ids.JOB_HEATMAP_GROUP_BY, "value"),
         Input(ids.JOB_HEATMAP_ZOOM, "data"),
         State(ids.JOB_ID, "data"),
         prevent_initial_call=True,
     )
-    def reread_heatmap(metric: str, stat: str, relayout: dict[str, Any] | None, job_id: str) -> Any:
+    def reread_heatmap(
+        metric: str, stat: str, group_by: str, relayout: dict[str, Any] | None, job_id: str
+    ) -> Any:
         zoomed = dash.ctx.triggered_id == ids.JOB_HEATMAP_ZOOM
         zoom = step_range(relayout) if zoomed else None
         if zoomed and zoom is None:
@@ -156,12 +183,26 @@ def register_callbacks(app: dash.Dash) -> None:
                 world_size,
                 metric=metric,
                 stat=stat,
+                group_by=group_by,
                 from_step=from_step,
                 to_step=to_step,
             )
         except (query.JobNotFound, ValueError) as exc:
             return figures.message_figure(str(exc))
         return figures.heatmap_figure(grid)
+
+    @app.callback(
+        Output(ids.JOB_BREAKDOWN, "figure"),
+        Input(ids.JOB_BREAKDOWN_GROUP_BY, "value"),
+        State(ids.JOB_ID, "data"),
+        prevent_initial_call=True,
+    )
+    def regroup_breakdown(group_by: str, job_id: str) -> Any:
+        try:
+            table = data.breakdown(context.engine(), job_id, group_by)
+        except (query.JobNotFound, ValueError) as exc:
+            return figures.message_figure(str(exc))
+        return figures.breakdown_figure(table)
 
     @app.callback(
         Output(ids.URL, "href", allow_duplicate=True),
