@@ -248,7 +248,7 @@ def print_shipping(name: str, phase: Phase, steps_per_launch: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=None, help="12, or 3 with --quick")
+    p.add_argument("--rounds", type=int, default=None, help="16, or 3 with --quick")
     p.add_argument("--warmup-rounds", type=int, default=1, help="rounds run and discarded")
     p.add_argument("--steps", type=int, default=300, help="measured steps per launch")
     p.add_argument("--warmup-steps", type=int, default=30)
@@ -265,7 +265,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.warmup_rounds, args.steps, args.warmup_steps = 0, 60, 10
-    args.rounds = args.rounds or (3 if args.quick else 12)
+    args.rounds = args.rounds or (3 if args.quick else 16)
     url = args.url
     if url is None:
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
