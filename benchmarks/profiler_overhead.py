@@ -295,6 +295,7 @@ def main() -> None:
         for launch in rng.sample(launches, len(launches)):
             job_id = f"{args.job_id}-{launch.parallel}-{round_index}"
             results[(launch.parallel, launch.mode)] = run_launch(launch, url, job_id)
+        print(f"round {round_index + 1}/{args.warmup_rounds + args.rounds}", file=sys.stderr)
         if round_index >= args.warmup_rounds:
             for name in shapes:
                 rounds[name].append({mode: results[(name, mode)] for mode in MODES})
