@@ -1,0 +1,221 @@
+"""Cost per collective call of each layer of the collective tap (stepscope.profiler.tap).
+
+One process, one rank of a 2-rank "fake" process group (its collectives complete at once
+and cost next to nothing, so the tap's own time stands out), and a 1-rank gloo group for
+comparison (a real backend's Work and future; run in a child process of its own). The calls:
+
+    sync           dist.all_reduce of a small tensor (ProcessGroup layer + its wait)
+    async          dist.all_reduce(async_op=True).wait() (ProcessGroup layer + Work.wait)
+    functional     _c10d_functional.all_reduce + wait_tensor (the BackendSelect layer)
+    funcol         funcol.all_reduce(...).wait() (DTensor's path to the BackendSelect layer)
+    all_gather     dist.all_gather_single(async_op=True).wait() (FSDP2's unshard)
+    reduce_scatter dist.reduce_scatter_single(async_op=True).wait() (FSDP2's gradients)
+
+Arms, run in a random order in every round on the same calls:
+
+    off            no tap
+    tap            a CollectiveTap installed directly, records appended to a list
+    step           stepscope.init(patch_collectives=False): the calls inside prof.step()
+    step+tap       stepscope.init() (what users get): the same, with its tap
+
+"tap" is the per-layer cost; "step+tap" - "step" is what the tap costs a user, its share of
+turning records into rows at step ends included (the shipper's thread is not counted: thread
+CPU is the calling thread's). The fake backend's FakeWork defines a wait of its own, so the
+class-level Work.wait wrapper never sees its waits (0 waits per call in the last column):
+the gloo table is the one for the ProcessGroup layer with its wait. A figure is the median
+over rounds of the paired difference to its base, µs per call, with a bootstrap 95 %
+interval (wall time) and the same median in thread CPU time.
+
+    flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/collective_tap.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import stepscope
+from stepscope.profiler.calls import CollectiveCall
+from stepscope.profiler.groups import GroupRegistry
+from stepscope.profiler.tap import CollectiveTap
+from stepscope.profiler.timer import build_clock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profiler_cost import _Sink, median_ci  # noqa: E402
+
+GOAL_US_PER_CALL = 5.0
+ARMS = ("off", "tap", "step", "step+tap")
+BASE = {"tap": "off", "step+tap": "step"}
+CALLS_PER_STEP = 8
+
+
+def build_calls(backend: str) -> dict[str, Callable[[], Any]]:
+    """The collectives to time, by name, on the default group."""
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    assert group is not None
+    name = group.group_name
+    world_size = dist.get_world_size()
+    tensor = torch.ones(16)
+    gathered = torch.empty(16 * world_size)
+    scattered = torch.empty(16 // world_size)
+    c10d = torch.ops._c10d_functional
+    return {
+        "sync": lambda: dist.all_reduce(tensor),
+        "async": lambda: dist.all_reduce(tensor, async_op=True).wait(),
+        "functional": lambda: c10d.wait_tensor(c10d.all_reduce(tensor, "sum", name)),
+        "funcol": lambda: funcol.all_reduce(tensor, "sum", group).wait(),
+        "all_gather": lambda: dist.all_gather_single(gathered, tensor, async_op=True).wait(),
+        "reduce_scatter": lambda: dist.reduce_scatter_single(
+            scattered, tensor, async_op=True
+        ).wait(),
+    }
+
+
+def segment(
+    arm: str, call: Callable[[], Any], num_calls: int, url: str
+) -> tuple[float, float, int, int]:
+    """Wall and thread-CPU seconds of `num_calls` calls under `arm`; calls and waits recorded."""
+    records: list[CollectiveCall] = []
+    tap = None
+    prof: Any = None
+    if arm == "tap":
+        tap = CollectiveTap(clock=build_clock("cpu"), record=records.append, groups=GroupRegistry())
+        tap.install()
+    elif arm.startswith("step"):
+        prof = stepscope.init(job_id="bench-tap", url=url, patch_collectives=arm == "step+tap")
+        assert prof.enabled
+    wall_start_s, cpu_start_s = time.perf_counter(), time.thread_time()
+    if prof is None:
+        for _ in range(num_calls):
+            call()
+    else:
+        for _ in range(num_calls // CALLS_PER_STEP):
+            with prof.step():
+                for _ in range(CALLS_PER_STEP):
+                    call()
+    wall_s, cpu_s = time.perf_counter() - wall_start_s, time.thread_time() - cpu_start_s
+    if tap is not None:
+        tap.remove()
+    if prof is not None:
+        prof.close()
+    return wall_s, cpu_s, len(records), sum(len(r.waits) for r in records)
+
+
+def measure(backend: str, args: Any, url: str, queue: Any) -> None:
+    """Every call under every arm, interleaved rounds; per-call seconds put on `queue`."""
+    torch.set_num_threads(1)
+    if backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    calls = build_calls(backend)
+    rng = random.Random(args.seed)
+    wall_s: dict[str, dict[str, list[float]]] = {c: {a: [] for a in ARMS} for c in calls}
+    cpu_s: dict[str, dict[str, list[float]]] = {c: {a: [] for a in ARMS} for c in calls}
+    seen: dict[str, tuple[int, int]] = {}
+    for round_index in range(args.warmup_rounds + args.rounds):
+        for name, call in calls.items():
+            for arm in rng.sample(ARMS, len(ARMS)):
+                wall, cpu, num_records, num_waits = segment(arm, call, args.calls, url)
+                if round_index < args.warmup_rounds:
+                    continue
+                wall_s[name][arm].append(wall / args.calls)
+                cpu_s[name][arm].append(cpu / args.calls)
+                if arm == "tap":
+                    seen[name] = (num_records, num_waits)
+    queue.put({"wall_s": wall_s, "cpu_s": cpu_s, "seen": seen})
+    dist.destroy_process_group()
+
+
+def run_backend(backend: str, args: Any, url: str) -> dict[str, Any]:
+    """measure() in a fresh process (one default group per process)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=measure, args=(backend, args, url, queue))
+    proc.start()
+    result: dict[str, Any] = queue.get(timeout=3600)
+    proc.join(60)
+    return result
+
+
+def delta_text(values: dict[str, list[float]], arm: str) -> tuple[str, float]:
+    deltas = [(t - b) * 1e6 for t, b in zip(values[arm], values[BASE[arm]], strict=True)]
+    median, low, high = median_ci(deltas)
+    return f"{median:+.2f} [{low:+.2f} .. {high:+.2f}]", median
+
+
+def print_backend(backend: str, result: dict[str, Any], num_calls: int) -> dict[str, list[str]]:
+    """The table of one backend; by arm, the calls whose CPU cost misses the goal."""
+    wall_s, cpu_s = result["wall_s"], result["cpu_s"]
+    print(
+        f"\n{backend}: us per call, median over rounds of the paired difference [95 % CI]; "
+        f"{num_calls} calls per segment"
+    )
+    print(
+        f"{'call':15} {'off':>6} {'tap - off: wall':>27} {'CPU':>7}   "
+        f"{'step+tap - step: wall':>27} {'CPU':>7}   recorded/waits per call"
+    )
+    missed: dict[str, list[str]] = {"tap": [], "step+tap": []}
+    for name in wall_s:
+        off_us = statistics.median(wall_s[name]["off"]) * 1e6
+        cells = []
+        for arm in ("tap", "step+tap"):
+            wall, _ = delta_text(wall_s[name], arm)
+            _, cpu = delta_text(cpu_s[name], arm)
+            cells.append(f"{wall:>27} {cpu:+7.2f}")
+            if cpu > GOAL_US_PER_CALL:
+                missed[arm].append(name)
+        num_records, num_waits = result["seen"][name]
+        print(
+            f"{name:15} {off_us:6.1f} {cells[0]}   {cells[1]}   "
+            f"{num_records / num_calls:.2f}/{num_waits / num_calls:.2f}"
+        )
+    return missed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=None, help="20, or 5 with --quick")
+    p.add_argument("--warmup-rounds", type=int, default=2)
+    p.add_argument("--calls", type=int, default=2000, help="calls per segment")
+    p.add_argument("--backends", default="fake,gloo", help="comma-separated")
+    p.add_argument("--quick", action="store_true", help="400 calls per segment, 1 warm-up round")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.quick:
+        args.warmup_rounds, args.calls = 1, 400
+    args.rounds = args.rounds or (5 if args.quick else 20)
+    args.calls -= args.calls % CALLS_PER_STEP
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    print(
+        f"Collective tap cost per call: {args.rounds} rounds x {len(ARMS)} arms, random order; "
+        f"the step arms issue {CALLS_PER_STEP} calls per prof.step()"
+    )
+    for backend in args.backends.split(","):
+        missed = print_backend(backend, run_backend(backend, args, url), args.calls)
+        for arm, names in missed.items():
+            verdict = "met" if not names else f"NOT met by {', '.join(names)}"
+            print(f"goal <= {GOAL_US_PER_CALL:.0f} us CPU per call, {arm}: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
