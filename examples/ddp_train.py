@@ -163,7 +163,10 @@ def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> 
                 time.sleep(args.step_sleep_s)
         losses.append(loss.item())
     hexes = [v.hex() for v in losses]
+    world = dist.group.WORLD
+    assert world is not None
     return {
+        "groups": {"world": {"name": world.group_name, "ranks": list(range(world.size()))}},
         "final_loss": losses[-1],
         "final_loss_hex": hexes[-1],
         "losses_hex": hexes,

@@ -22,7 +22,9 @@ from transformer import (
     add_common_args,
     build_model,
     delay_for,
+    group_info,
     lm_loss,
+    mesh_groups,
     model_config,
     run_main,
     summary,
@@ -39,15 +41,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def shard(model: nn.Module, wrap: str) -> nn.Module:
-    """The model sharded over all ranks: FSDP2 on a 1-D "dp_shard" mesh, or FSDP1."""
+def shard(model: nn.Module, wrap: str) -> tuple[nn.Module, dict[str, dict[str, Any]]]:
+    """The model sharded over all ranks (FSDP2 on a 1-D "dp_shard" mesh, or FSDP1), and the
+    process groups it communicates in."""
     if wrap == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        return FullyShardedDataParallel(
+        wrapped = FullyShardedDataParallel(
             model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu")
         )
+        return wrapped, {"world": group_info()}
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -55,14 +59,14 @@ def shard(model: nn.Module, wrap: str) -> nn.Module:
     for block in model.blocks.values():  # type: ignore[union-attr,operator]
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model
+    return model, mesh_groups(mesh)
 
 
 def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
     rank = dist.get_rank()
     cfg = model_config(args)
     model = build_model(cfg)
-    sharded = shard(model, args.wrap)
+    sharded, groups = shard(model, args.wrap)
     prof.watch(sharded)
     optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
     delay_at = delay_for(args, rank)
@@ -81,7 +85,7 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             prof.record(samples=tokens.shape[0], tokens=tokens.numel())
         losses.append(loss.item())
-    return summary(losses, sharded, time.perf_counter() - start)
+    return summary(losses, sharded, time.perf_counter() - start, groups)
 
 
 if __name__ == "__main__":

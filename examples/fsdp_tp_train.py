@@ -23,6 +23,7 @@ from transformer import (
     build_model,
     delay_for,
     lm_loss,
+    mesh_groups,
     model_config,
     run_main,
     summary,
@@ -93,7 +94,7 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             prof.record(samples=tokens.shape[0], tokens=tokens.numel())
         losses.append(loss.item())
-    return summary(losses, model, time.perf_counter() - start)
+    return summary(losses, model, time.perf_counter() - start, mesh_groups(mesh))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from transformer import (
     add_common_args,
     build_model,
     delay_for,
+    group_info,
     lm_loss,
     model_config,
     run_main,
@@ -90,7 +91,7 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             prof.record(samples=tokens.shape[0], tokens=tokens.numel())
         losses.append(torch.stack(microbatch_losses).mean().item() if last else None)
-    return summary(losses, model, time.perf_counter() - start)
+    return summary(losses, model, time.perf_counter() - start, {"world": group_info()})
 
 
 if __name__ == "__main__":

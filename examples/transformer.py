@@ -197,10 +197,28 @@ def params_checksum(model: nn.Module) -> str:
     return float(total).hex()
 
 
-def summary(losses: list[float | None], model: nn.Module, train_s: float) -> dict[str, Any]:
-    """What a run reports: its losses (float.hex, bit-exact), final loss and a weights checksum."""
+def group_info(group: Any = None) -> dict[str, Any]:
+    """A process group's name (as stepscope stores it) and global ranks; None: the world."""
+    group = group if group is not None else dist.group.WORLD
+    return {"name": group.group_name, "ranks": dist.get_process_group_ranks(group)}
+
+
+def mesh_groups(mesh: Any) -> dict[str, dict[str, Any]]:
+    """group_info of this rank's group along each named dim of a DeviceMesh."""
+    return {name: group_info(mesh.get_group(name)) for name in mesh.mesh_dim_names}
+
+
+def summary(
+    losses: list[float | None],
+    model: nn.Module,
+    train_s: float,
+    groups: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """What a run reports: its losses (float.hex, bit-exact), final loss, a weights checksum
+    and the process groups it communicated in."""
     hexes = [None if v is None else float(v).hex() for v in losses]
     return {
+        "groups": groups,
         "losses_hex": hexes,
         "final_loss_hex": hexes[-1] if hexes else None,
         "final_loss": losses[-1] if losses else None,
