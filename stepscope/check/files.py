@@ -1,6 +1,7 @@
-"""The gate's jobs from canonical steps files (--candidate-steps, --baseline-steps).
+"""Canonical records files: the gate's jobs from steps files (--candidate-steps,
+--baseline-steps), and the collectives of `analyze --collectives`.
 
-A file gives the same JobData (stepscope.analysis.regression) as a stored job
+A steps file gives the same JobData (stepscope.analysis.regression) as a stored job
 (stepscope.client): its steps are rolled up by the same analysis code.
 """
 
@@ -11,11 +12,40 @@ from pathlib import Path
 
 import polars as pl
 
+from stepscope import schema
 from stepscope.analysis.regression import JobData, job_from_steps
+
+_POLARS_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "json": pl.String}
 
 
 class StepsFileError(Exception):
-    """A steps file that is missing, unreadable or not canonical steps; said for a user."""
+    """A records file (steps, collectives) that is missing, unreadable or not canonical;
+    said for a user."""
+
+
+def scan_collectives_file(path: Path) -> pl.LazyFrame:
+    """A canonical collectives file (parquet or CSV), lazily, with every optional column of
+    schema.COLLECTIVES: a file written before per-group records has group
+    schema.DEFAULT_GROUP (as has a row whose group is null) and nulls in the others."""
+    if not path.is_file():
+        raise StepsFileError(f"no such file: {path}")
+    types = {c.name: _POLARS_TYPES[c.dtype] for c in schema.COLLECTIVES.columns}
+    strings = {name: t for name, t in types.items() if t == pl.String}
+    try:
+        if path.suffix == ".csv":  # a group named "0" is a string, not a number
+            frame = pl.scan_csv(path, schema_overrides=strings)
+        else:
+            frame = pl.scan_parquet(path)
+        present = set(frame.collect_schema().names())
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise StepsFileError(f"cannot read {path}: {exc}") from None
+    optional = [c.name for c in schema.COLLECTIVES.columns if not c.required]
+    return frame.with_columns(
+        *(
+            pl.col(n).cast(types[n]) if n in present else pl.lit(None, dtype=types[n]).alias(n)
+            for n in optional
+        )
+    ).with_columns(pl.col("group").fill_null(schema.DEFAULT_GROUP))
 
 
 def read_steps_files(paths: Sequence[Path], *, peak_flops: float | None = None) -> list[JobData]:

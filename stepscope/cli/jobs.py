@@ -85,6 +85,7 @@ def analyze(
     import polars as pl
 
     from stepscope.analysis import analyze as run_analysis
+    from stepscope.check.files import StepsFileError, scan_collectives_file
 
     def read(path: Path | None) -> pl.LazyFrame | None:
         # Lazy: the analysis reads only the columns it uses, and GPU samples only if needed.
@@ -97,7 +98,11 @@ def analyze(
     steps = read(steps_file)
     assert steps is not None
     try:
-        findings = run_analysis(steps, collectives=read(collectives_file), gpu=read(gpu_file))
+        collectives = scan_collectives_file(collectives_file) if collectives_file else None
+    except StepsFileError as exc:
+        raise fail(str(exc)) from None
+    try:
+        findings = run_analysis(steps, collectives=collectives, gpu=read(gpu_file))
     except (KeyError, ValueError, pl.exceptions.PolarsError) as exc:
         raise fail(f"cannot analyse {steps_file}: {exc}") from None
     print_findings(findings, output)

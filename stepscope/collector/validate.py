@@ -38,7 +38,10 @@ _SOURCE_FIELDS: dict[str, schema.Dtype] = {
     "node": "str",
     "pid": "int",
     "incarnation": "str",
+    "mesh": "json",
 }
+MAX_MESH_DIMS = 8
+MAX_MESH_DIM_CHARS = 64
 _EVENT_FIELDS = {c.name: c.dtype for c in schema.EVENTS.wire_columns}
 _JSON_TYPES: dict[schema.Dtype, tuple[type, ...]] = {
     "str": (str,),
@@ -186,6 +189,41 @@ def _columnar(section: str, table: schema.Table, payload: Any) -> Columns | None
     return {name: _column(section, wire[name], values) for name, values in payload.items()}
 
 
+def _check_mesh(mesh: Any) -> None:
+    """source.mesh: {dim: [coordinate, size]}, a few short names, 0 <= coordinate < size."""
+    if mesh is None:
+        return
+    if len(mesh) > MAX_MESH_DIMS:
+        raise BatchError(f"source.mesh has {len(mesh)} dimensions, more than {MAX_MESH_DIMS}")
+    for dim, place in mesh.items():
+        if not dim.strip() or len(dim) > MAX_MESH_DIM_CHARS:
+            raise BatchError(
+                f"source.mesh dimension names must be 1 to {MAX_MESH_DIM_CHARS} characters, "
+                f"got {dim[: MAX_MESH_DIM_CHARS + 1]!r}"
+            )
+        ok = (
+            isinstance(place, list)
+            and len(place) == 2
+            and all(type(v) is int for v in place)
+            and 0 <= place[0] < place[1]
+        )
+        if not ok:
+            raise BatchError(
+                f"source.mesh.{dim} must be [coordinate, size], integers with "
+                f"0 <= coordinate < size, got {orjson.dumps(place).decode()[:100]}"
+            )
+
+
+def _with_group(columns: Columns) -> Columns:
+    """Collectives with a group in every row: DEFAULT_GROUP where the batch gives none."""
+    groups = columns.get("group")
+    if groups is None:
+        groups = [schema.DEFAULT_GROUP] * len(columns["op"])
+    elif None in groups:
+        groups = [schema.DEFAULT_GROUP if g is None else g for g in groups]
+    return {**columns, "group": groups}
+
+
 def _events(payload: Any) -> Columns | None:
     if not isinstance(payload, list):
         raise BatchError("events must be a list of objects")
@@ -230,6 +268,7 @@ def parse_batch(doc: Any) -> Batch:
             raise BatchError(f"{where} is longer than {MAX_ID_CHARS} characters")
     if source["rank"] < 0 or seq < 0:
         raise BatchError("source.rank and seq must not be negative")
+    _check_mesh(source.get("mesh"))
 
     sections: dict[str, Columns] = {}
     for name, table in _COLUMNAR_SECTIONS.items():
@@ -237,6 +276,7 @@ def parse_batch(doc: Any) -> Batch:
         if columns is not None:
             sections[name] = columns
     if "collectives" in sections:
+        sections["collectives"] = _with_group(sections["collectives"])
         bad_ops = set(sections["collectives"]["op"]) - set(schema.COLLECTIVE_OPS)
         if bad_ops:
             raise BatchError(f"collectives.op has unknown op(s): {', '.join(sorted(bad_ops))}")

@@ -28,9 +28,11 @@ from stepscope._version import __version__
 from stepscope.schema import EVENT_KINDS, STEPS
 
 from .base import NULL_CONTEXT, Profiler
-from .comm import CollectiveCall, CollectivePatch, DdpStepTimer, make_ddp_hook
+from .calls import CollectiveCall
+from .comm import DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv
 from .flops import measure_flops, peak_flops_for
+from .groups import GroupRegistry
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
@@ -211,10 +213,18 @@ class ActiveProfiler(Profiler):
             "incarnation": self.incarnation,
         }
         self.shipper = Shipper(config=config, job=job, source=source)
-        self._patch: CollectivePatch | None = None
+        self._groups = GroupRegistry()
+        self._tap: Any = None
         if config.patch_collectives and dist.is_available():
-            self._patch = CollectivePatch(clock=self._clock, record=self._record_call)
-            self._patch.install()
+            from .tap import CollectiveTap  # needs torch.distributed's C++ classes
+
+            self._tap = CollectiveTap(
+                clock=self._clock,
+                record=self._record_call,
+                groups=self._groups,
+                on_error=self._tap_failed,
+            )
+            self._tap.install()
         self._gpu_sampler = self._start_gpu_sampler()
         if model is not None:
             self.watch(model)
@@ -238,6 +248,8 @@ class ActiveProfiler(Profiler):
 
     @_fail_open()
     def watch(self, model: Any) -> None:
+        if self._watch_layout(model):
+            return
         self._set_device(_device_type_of(model))
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return
@@ -246,16 +258,35 @@ class ActiveProfiler(Profiler):
             return
         if timing == "step":
             self._step_timers.append(
-                DdpStepTimer(model, clock=self._clock, record=self._record_call)
+                DdpStepTimer(
+                    model, clock=self._clock, record=self._record_call, groups=self._groups
+                )
             )
         else:
-            hook = make_ddp_hook(clock=self._clock, record=self._record_call)
+            hook = make_ddp_hook(clock=self._clock, record=self._record_call, groups=self._groups)
             try:
                 model.register_comm_hook(model.process_group, hook)
             except RuntimeError as exc:  # e.g. the user registered a hook of their own
                 self.event("custom", f"stepscope could not time DDP all-reduces: {exc}")
                 return
         self._watched.add(id(model))
+
+    def _watch_layout(self, target: Any) -> bool:
+        """Learn the mesh of a DeviceMesh, a pipeline stage, or a model's DTensor parameters
+        (its groups' labels and this rank's coordinates); True when `target` was not a model."""
+        groups = self._groups
+        stage_index = getattr(target, "stage_index", None)
+        if isinstance(stage_index, int) and hasattr(target, "num_stages"):
+            groups.add_stage(stage_index, int(target.num_stages), getattr(target, "group", None))
+            self._set_device(_device_type_of(target.submod))
+            found, is_model = True, False
+        elif hasattr(target, "mesh_dim_names") and hasattr(target, "get_coordinate"):
+            found, is_model = groups.add_mesh(target), False
+        else:
+            found, is_model = any(groups.add_mesh(m) for m in _meshes_of(target)), True
+        if found:
+            self.shipper.update_source(mesh=dict(groups.mesh))
+        return not is_model
 
     @_fail_open()
     def record(
@@ -307,13 +338,13 @@ class ActiveProfiler(Profiler):
                     step=self._next_index, ts=time.time(), base=self._calls[0].start
                 )
                 orphan.calls, self._calls = self._calls, []
-                _, rows = orphan.to_rows(self._clock)
+                _, rows = orphan.to_rows(self._clock, self._groups.mesh_dims)
                 for row in rows:
                     self.shipper.add("collectives", row)
         except Exception:
             log.exception("stepscope: error while closing (ignored)")
-        if self._patch is not None:
-            self._patch.remove()
+        if self._tap is not None:
+            self._tap.remove()
         for timer in self._step_timers:
             timer.remove()
         if self._gpu_sampler is not None:
@@ -425,7 +456,7 @@ class ActiveProfiler(Profiler):
                 elif len(self._unresolved) <= _MAX_UNRESOLVED_STEPS:
                     return
             self._unresolved.popleft()
-            row, collective_rows = record.to_rows(clock)
+            row, collective_rows = record.to_rows(clock, self._groups.mesh_dims)
             self.shipper.add("steps", row)
             for collective_row in collective_rows:
                 self.shipper.add("collectives", collective_row)
@@ -447,10 +478,8 @@ class ActiveProfiler(Profiler):
             return  # the clock cannot change under recorded steps
         self._device_type = device_type
         self._clock = build_clock(device_type)
-        if self._patch is not None:
-            self._patch.remove()
-            self._patch = CollectivePatch(clock=self._clock, record=self._record_call)
-            self._patch.install()
+        if self._tap is not None:
+            self._tap.clock = self._clock
         if device_type == "cuda":
             device_name = torch.cuda.get_device_name(torch.cuda.current_device())
         else:
@@ -469,9 +498,9 @@ class ActiveProfiler(Profiler):
             )
 
     def _start_flop_count(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
+        from .flops import RankFlopCounter
 
-        self._flop_counter = FlopCounterMode(display=False)
+        self._flop_counter = RankFlopCounter()
         self._flop_counter.__enter__()
 
     def _stop_flop_count(self) -> None:
@@ -499,6 +528,13 @@ class ActiveProfiler(Profiler):
             log.warning("stepscope: GPU telemetry off after an error", exc_info=True)
             return None
 
+    def _tap_failed(self, exc: BaseException) -> None:
+        """The collective tap turned itself off: say so (training and the rest go on)."""
+        self.event(
+            "exception",
+            f"stepscope's collective tap failed and is off: {type(exc).__name__}: {exc}",
+        )
+
     def _fail(self, exc: BaseException) -> None:
         """Turn profiling off after an internal error, and say so once (log and event)."""
         if self._broken:
@@ -506,8 +542,8 @@ class ActiveProfiler(Profiler):
         self._broken = True
         self._current = None
         log.exception("stepscope: internal error, profiling is off for this rank", exc_info=exc)
-        if self._patch is not None:
-            self._patch.enabled = False
+        if self._tap is not None:
+            self._tap.enabled = False
         if self._flop_counter is not None:
             try:
                 self._flop_counter.__exit__(None, None, None)
@@ -534,6 +570,22 @@ def _device_type_of(model: Any) -> str | None:
         return str(next(model.parameters()).device.type)
     except (AttributeError, StopIteration, TypeError):
         return None
+
+
+def _meshes_of(model: Any) -> list[Any]:
+    """The DeviceMeshes of a model's DTensor parameters (FSDP2, tensor parallel)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return []
+    meshes: dict[int, Any] = {}
+    try:
+        for param in model.parameters():
+            if isinstance(param, DTensor):
+                meshes.setdefault(id(param.device_mesh), param.device_mesh)
+    except (AttributeError, TypeError):
+        return []
+    return list(meshes.values())
 
 
 def _current_device_type() -> str:

@@ -1,4 +1,4 @@
-"""Collective timing: DDP's gradient all-reduce and wrappers around torch.distributed collectives.
+"""DDP's gradient all-reduce, which its C++ reducer issues where the collective tap cannot see it.
 
 DDP is timed at one of two levels (Config.comm_timing):
 
@@ -9,102 +9,55 @@ DDP is timed at one of two levels (Config.comm_timing):
   ready and completion times, adding the in-flight time and per-bucket busy time, at a cost
   of a Python call and a future callback per bucket.
 
-Both, and the collective wrappers, produce `CollectiveCall`s: when the data was ready, when
-the collective completed, how many bytes, and whether the rank was blocked for the whole
-duration. Recording never changes what the collective does, and a failure to record never
-stops the collective from running.
+Both produce `CollectiveCall`s in DDP's process group. Recording never changes what the
+collective does, and a failure to record never stops the collective from running.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 
+from .calls import CollectiveCall, Record, tensor_bytes
+from .groups import GroupRegistry
 from .timer import Clock, Mark
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class CollectiveCall:
-    """One collective as this rank saw it."""
-
-    op: str
-    """One of schema.COLLECTIVE_OPS."""
-    group_size: int
-    num_bytes: int
-    """Payload per rank, nccl-tests convention (all_gather: the gathered output)."""
-    start: Mark
-    end: Mark | None = None
-    """None until the collective completed."""
-    blocking: bool = False
-    """The caller sat blocked from start to end (a synchronous call)."""
-    ddp_bucket: bool = False
-    """DDP gradients: start is when they were ready (a bucket, or the last bucket of a step)."""
-    count: int = 1
-    """Collectives this call stands for (DdpStepTimer: the step's buckets)."""
-
-
-Record = Callable[[CollectiveCall], None]
-
-
-def tensor_bytes(tensor: Any) -> int:
-    """Bytes of a tensor (0 for anything else)."""
-    if isinstance(tensor, torch.Tensor):
-        return tensor.numel() * tensor.element_size()
-    return 0
-
-
-def tensors_bytes(tensors: Any) -> int:
-    """Bytes of a list of tensors."""
-    if isinstance(tensors, list | tuple):
-        return sum(tensor_bytes(t) for t in tensors)
-    return tensor_bytes(tensors)
-
-
-def group_size_of(group: Any) -> int:
-    """Ranks in `group` (the default group when None)."""
-    try:
-        return int(dist.get_world_size(group))
-    except Exception:  # not a member, or not initialised
-        return 0
-
-
-def make_ddp_hook(*, clock: Clock, record: Record) -> Callable[..., Any]:
+def make_ddp_hook(*, clock: Clock, record: Record, groups: GroupRegistry) -> Callable[..., Any]:
     """A DDP comm hook doing what DDP does without one, timing each bucket.
 
     It scales the bucket by 1/world size and all-reduces it (sum) through the process
-    group's own C++ `allreduce`, as DDP's built-in path does: `dist.all_reduce` would add
-    Python overhead per bucket, and pass through stepscope's wrapper of it (timing the
-    bucket twice). Multiplying by the reciprocal is DDP's own hook-less arithmetic
-    (bit-identical gradients) and runs about twice as fast as a division on CPU. One future
-    callback per bucket stamps its completion.
+    group's own C++ `allreduce` (not the tap's wrapper of it, which would time the bucket
+    twice), as DDP's built-in path does. Multiplying by the reciprocal is DDP's own
+    hook-less arithmetic (bit-identical gradients) and runs about twice as fast as a
+    division on CPU. One future callback per bucket stamps its completion.
     """
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
     opts.asyncOp = True
-    group_sizes: dict[int, int] = {}
     mark = clock.mark
+    from .tap import untapped
+
+    allreduce = untapped("allreduce")
 
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         group: Any = process_group if process_group is not None else dist.group.WORLD
-        size = group_sizes.get(id(group))
-        if size is None:
-            size = group_sizes[id(group)] = group_size_of(group)
+        info = groups.of(group)
+        size = info.size
         tensor = bucket.buffer()
         call: CollectiveCall | None
         try:
             call = CollectiveCall(
                 op="all_reduce",
-                group_size=size,
+                group=info,
                 num_bytes=tensor.numel() * tensor.element_size(),
                 start=mark(),
                 ddp_bucket=True,
@@ -117,7 +70,7 @@ def make_ddp_hook(*, clock: Clock, record: Record) -> Callable[..., Any]:
             tensor.mul_(1.0 / size)
         # Gloo and NCCL reduce complex tensors as pairs of reals, as dist.all_reduce does.
         data = torch.view_as_real(tensor) if tensor.is_complex() else tensor
-        future = group.allreduce([data], opts).get_future()
+        future = allreduce(group, [data], opts).get_future()
         return future.then(functools.partial(_bucket_done, call, mark, tensor))
 
     # DDP checks these annotations; with postponed evaluation they would be strings.
@@ -165,11 +118,11 @@ class DdpStepTimer:
     bucket count is estimated from DDP's bucket caps.
     """
 
-    def __init__(self, ddp: Any, *, clock: Clock, record: Record) -> None:
+    def __init__(self, ddp: Any, *, clock: Clock, record: Record, groups: GroupRegistry) -> None:
         self._ddp = ddp
         self._mark = clock.mark
         self._record = record
-        self._group_size = group_size_of(ddp.process_group)
+        self._group = groups.of(ddp.process_group)
         module_params = getattr(ddp, "_module_parameters", None) or ddp.parameters()
         params = [p for p in module_params if p.requires_grad]
         self._num_bytes = sum(tensor_bytes(p) for p in params)
@@ -203,7 +156,7 @@ class DdpStepTimer:
             self._record(
                 CollectiveCall(
                     op="all_reduce",
-                    group_size=self._group_size,
+                    group=self._group,
                     num_bytes=self._num_bytes,
                     start=start,
                     end=self._mark(),
@@ -223,136 +176,3 @@ def _bucket_count(ddp: Any, params: list[torch.Tensor]) -> int:
         return max(1, len(buckets))
     except Exception:  # a private helper: without it, one all-reduce per step is assumed
         return 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    op: str
-    data_pos: int | None
-    data_name: str | None
-    group_pos: int
-    async_pos: int | None
-    """Position of async_op; None for calls that are always sync (send/recv)."""
-
-
-SPECS: dict[str, _Spec] = {
-    "all_reduce": _Spec("all_reduce", 0, "tensor", 2, 3),
-    "all_gather": _Spec("all_gather", 0, "tensor_list", 2, 3),
-    "all_gather_into_tensor": _Spec("all_gather", 0, "output_tensor", 2, 3),
-    "all_gather_single": _Spec("all_gather", 0, "output_tensor", 2, 3),
-    "reduce_scatter": _Spec("reduce_scatter", 1, "input_list", 3, 4),
-    "reduce_scatter_tensor": _Spec("reduce_scatter", 1, "input", 3, 4),
-    "reduce_scatter_single": _Spec("reduce_scatter", 1, "input", 3, 4),
-    "broadcast": _Spec("broadcast", 0, "tensor", 2, 3),
-    "reduce": _Spec("reduce", 0, "tensor", 3, 4),
-    "all_to_all": _Spec("all_to_all", 1, "input_tensor_list", 2, 3),
-    "all_to_all_single": _Spec("all_to_all", 1, "input", 4, 5),
-    "barrier": _Spec("barrier", None, None, 0, 1),
-    "send": _Spec("send", 0, "tensor", 2, None),
-    "recv": _Spec("recv", 0, "tensor", 2, None),
-}
-"""The torch.distributed functions timed, with where their arguments are.
-
-Not `isend`/`irecv`: `dist.P2POp` (torch.distributed.pipelining, batch_isend_irecv) checks its
-op's identity against them, and a wrapper fails that check on every rank."""
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int | None, name: str | None) -> Any:
-    if pos is not None and pos < len(args):
-        return args[pos]
-    return kwargs.get(name) if name is not None else None
-
-
-class CollectivePatch:
-    """Wraps torch.distributed collectives while installed; `remove()` puts the originals back."""
-
-    def __init__(self, *, clock: Clock, record: Record) -> None:
-        self._clock = clock
-        self._record = record
-        self._originals: dict[str, Callable[..., Any]] = {}
-        self._local = threading.local()
-        self.enabled = True
-
-    def install(self) -> None:
-        for name, spec in SPECS.items():
-            fn = getattr(dist, name, None)
-            if fn is None or name in self._originals:
-                continue
-            self._originals[name] = fn
-            setattr(dist, name, self._wrap(fn, spec))
-
-    def remove(self) -> None:
-        for name, fn in self._originals.items():
-            current = getattr(dist, name, None)
-            if getattr(current, "__stepscope_wrapped__", None) is fn:
-                setattr(dist, name, fn)
-        self._originals.clear()
-
-    def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
-        local = self._local
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # While torch.compile traces the caller, the wrapper steps aside: dynamo turns the
-            # collective into a functional one, and a clock read here would break the graph.
-            if torch.compiler.is_compiling():
-                return fn(*args, **kwargs)
-            if not self.enabled or getattr(local, "inside", False):
-                return fn(*args, **kwargs)
-            call = self._begin(spec, args, kwargs)
-            local.inside = True
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                local.inside = False
-            if call is not None:
-                self._end(call, result)
-            return result
-
-        wrapper.__name__ = getattr(fn, "__name__", spec.op)
-        wrapper.__doc__ = fn.__doc__
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        wrapper.__stepscope_wrapped__ = fn  # type: ignore[attr-defined]
-        return wrapper
-
-    def _begin(
-        self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> CollectiveCall | None:
-        try:
-            group = _arg(args, kwargs, spec.group_pos, "group")
-            if spec.async_pos is None:
-                is_async = False
-            else:
-                is_async = bool(_arg(args, kwargs, spec.async_pos, "async_op"))
-            data = _arg(args, kwargs, spec.data_pos, spec.data_name)
-            call = CollectiveCall(
-                op=spec.op,
-                group_size=group_size_of(group),
-                num_bytes=tensors_bytes(data),
-                start=self._clock.mark(),
-                blocking=not is_async,
-            )
-            self._record(call)
-            return call
-        except Exception:
-            log.debug("stepscope could not time a collective", exc_info=True)
-            return None
-
-    def _end(self, call: CollectiveCall, result: Any) -> None:
-        clock = self._clock
-        try:
-            if call.blocking or result is None:
-                call.end = clock.mark()
-                return
-
-            def done(_: Any) -> None:
-                try:
-                    call.end = clock.mark()
-                except Exception:
-                    log.debug("stepscope could not time a collective", exc_info=True)
-
-            try:
-                result.get_future().add_done_callback(done)
-            except Exception:  # a backend without futures: completion unknown, use return time
-                call.end = clock.mark()
-        except Exception:
-            log.debug("stepscope could not time a collective", exc_info=True)

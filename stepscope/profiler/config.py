@@ -86,7 +86,9 @@ class Config:
     """Longest pause between retries while the collector is unreachable, in seconds."""
 
     patch_collectives: bool = True
-    """Time explicit torch.distributed collectives by wrapping them while the profiler is active."""
+    """Record every collective this process issues, per process group, while the profiler is
+    active (the collective tap: torch.distributed, FSDP, tensor and pipeline parallelism,
+    compiled graphs); DDP's own all-reduces are timed by comm_timing."""
 
     comm_timing: CommTiming = "step"
     """How watched DDP models' gradient all-reduces are timed. "step": twice per step, with DDP

@@ -125,6 +125,11 @@ class Shipper:
             self._job.update(fields)
             self._job_changed = self._job_changed or send
 
+    def update_source(self, **fields: Any) -> None:
+        """Change source fields (this rank's mesh coordinates) sent with later batches."""
+        with self._lock:
+            self._source = {**self._source, **fields}
+
     def flush_soon(self) -> None:
         self._wake.set()
 
@@ -202,8 +207,8 @@ class Shipper:
         payload: dict[str, Any] = {"schema": WIRE_SCHEMA_VERSION}
         with self._lock:
             payload["job"] = dict(self._job)
+            payload["source"] = self._source
             self._job_changed = False
-        payload["source"] = self._source
         payload["seq"] = self._seq
         counts: dict[str, int] = {}
         for kind in KINDS:

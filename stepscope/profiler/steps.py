@@ -2,7 +2,7 @@
 
 A `StepRecord` collects marks on the hot path; `is_resolved()` asks (without blocking)
 whether every mark has happened; `to_rows()` turns it into one schema.STEPS row and
-schema.COLLECTIVES rows aggregated per op.
+schema.COLLECTIVES rows aggregated per process group and op.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .comm import CollectiveCall
+from .calls import CollectiveCall
 from .timer import Clock, Mark, union_s
 
 SECTION_COLUMNS = {
@@ -53,8 +53,12 @@ class StepRecord:
                 return False
         return True
 
-    def to_rows(self, clock: Clock) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The steps row and the collectives rows of this step; unresolved marks are skipped."""
+    def to_rows(
+        self, clock: Clock, mesh_dims: dict[str, str]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The steps row and the collectives rows of this step; unresolved marks are skipped.
+
+        `mesh_dims` labels groups (by name) with the mesh dimension they span."""
         # Runs once per step on the training thread: plain loops, no helper calls per value.
         ready = clock.is_ready
         between = clock.seconds_between
@@ -74,28 +78,31 @@ class StepRecord:
                 row[column] = round(total_s, _DURATION_DIGITS)
             else:
                 self.custom[f"{name}_s"] = round(total_s, _DURATION_DIGITS)
-        comm_wait_s = 0.0
+        comm_wait_s = ddp_wait_s = 0.0
         done: list[CollectiveCall] = []
         if self.calls:
             done = [c for c in self.calls if c.end is not None and ready(c.end)]
         if done:
             spans_s = [(between(self.base, c.start), between(self.base, c.end)) for c in done]
             row["comm_s"] = round(union_s(spans_s), _DURATION_DIGITS)
-            comm_wait_s = _comm_wait_s(done, spans_s)
+            comm_wait_s, ddp_wait_s = _comm_wait_s(done, spans_s, clock)
             row["comm_wait_s"] = round(comm_wait_s, _DURATION_DIGITS)
         compute_s = max(0.0, self.step_s - self.data_s - comm_wait_s)
         row["compute_s"] = round(compute_s, _DURATION_DIGITS)
         row.update(self.values)
-        return row, _collective_rows(self.step, done, clock) if done else []
+        return row, _collective_rows(self.step, done, clock, mesh_dims, ddp_wait_s) if done else []
 
 
-def _comm_wait_s(calls: list[CollectiveCall], spans_s: list[tuple[float, float]]) -> float:
-    """Time this rank sat blocked on collectives, not overlapped by its own work.
+def _comm_wait_s(
+    calls: list[CollectiveCall], spans_s: list[tuple[float, float]], clock: Clock
+) -> tuple[float, float]:
+    """Time this rank sat blocked on collectives, not overlapped by its own work (and the
+    part of it that was DDP's).
 
     DDP buckets: from the last bucket becoming ready (the end of this rank's gradient
     compute) to the last bucket's all-reduce completing. A rank delayed in backward has
-    its last bucket ready late and waits least; its peers wait for it. Synchronous
-    explicit collectives block for their whole duration.
+    its last bucket ready late and waits least; its peers wait for it. Every other
+    collective: the spans the training thread sat in its wait.
     """
     wait_s = 0.0
     last_ready_s = last_done_s = None
@@ -103,36 +110,61 @@ def _comm_wait_s(calls: list[CollectiveCall], spans_s: list[tuple[float, float]]
         if call.ddp_bucket:
             last_ready_s = start_s if last_ready_s is None else max(last_ready_s, start_s)
             last_done_s = end_s if last_done_s is None else max(last_done_s, end_s)
-        elif call.blocking:
-            wait_s += max(0.0, end_s - start_s)
+        elif call.waits:
+            wait_s += _waited_s(call, clock)
+    ddp_s = 0.0
     if last_ready_s is not None and last_done_s is not None:
-        wait_s += max(0.0, last_done_s - last_ready_s)
-    return wait_s
+        ddp_s = max(0.0, last_done_s - last_ready_s)
+    return wait_s + ddp_s, ddp_s
 
 
-def _collective_rows(step: int, calls: list[CollectiveCall], clock: Clock) -> list[dict[str, Any]]:
-    by_op: dict[str, dict[str, Any]] = {}
+def _waited_s(call: CollectiveCall, clock: Clock) -> float:
+    return sum(max(0.0, clock.seconds_between(a, b)) for a, b in call.waits if clock.is_ready(b))
+
+
+def _collective_rows(
+    step: int,
+    calls: list[CollectiveCall],
+    clock: Clock,
+    mesh_dims: dict[str, str],
+    ddp_wait_s: float,
+) -> list[dict[str, Any]]:
+    """One row per (group, op); DDP's exposed wait goes to the row of its all-reduces."""
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
     for call in calls:
         assert call.end is not None
         busy_s = max(0.0, clock.seconds_between(call.start, call.end))
-        agg = by_op.get(call.op)
+        if call.ddp_bucket:
+            wait_s, ddp_wait_s = ddp_wait_s, 0.0
+        else:
+            wait_s = _waited_s(call, clock) if call.waits else 0.0
+        group = call.group
+        agg = by_key.get((group.name, call.op))
         if agg is None:
-            by_op[call.op] = {
+            by_key[(group.name, call.op)] = {
                 "step": step,
+                "group": group.name,
                 "op": call.op,
-                "group_size": call.group_size,
+                "group_size": group.size,
                 "count": call.count,
                 "bytes": call.num_bytes,
                 "busy_s": busy_s,
+                "wait_s": wait_s,
+                "first_seq": call.seq,
+                "mesh_dim": mesh_dims.get(group.name),
+                "group_ranks": group.ranks,
             }
         else:
-            agg["group_size"] = max(agg["group_size"], call.group_size)
             agg["count"] += call.count
             agg["bytes"] += call.num_bytes
             agg["busy_s"] += busy_s
-    for agg in by_op.values():
+            agg["wait_s"] += wait_s
+            if agg["first_seq"] is None or (call.seq is not None and call.seq < agg["first_seq"]):
+                agg["first_seq"] = call.seq
+    for agg in by_key.values():
         agg["busy_s"] = _r(agg["busy_s"])
-    return list(by_op.values())
+        agg["wait_s"] = _r(agg["wait_s"])
+    return list(by_key.values())
 
 
 def _r(seconds: float) -> float:

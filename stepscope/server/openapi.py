@@ -6,7 +6,7 @@ schema here is generated from stepscope.schema for readers and clients, not used
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from stepscope import schema
 from stepscope.api.schemas import ErrorRead, IngestResultRead
-from stepscope.collector.validate import MAX_ROWS_PER_SECTION
+from stepscope.collector.validate import MAX_MESH_DIMS, MAX_ROWS_PER_SECTION
 from stepscope.schema import MAX_ID_CHARS
 
 _PYTHON_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "json": dict[str, Any]}
@@ -62,6 +62,15 @@ def _source_model() -> Any:
         "incarnation": (
             str,
             Field(max_length=MAX_ID_CHARS, description="Unique per process start (a UUID)"),
+        ),
+        "mesh": (
+            dict[str, Annotated[list[int], Field(min_length=2, max_length=2)]] | None,
+            Field(
+                None,
+                max_length=MAX_MESH_DIMS,
+                description="DeviceMesh coordinates: {dim: [coordinate, size]}, "
+                "0 <= coordinate < size (a pipeline stage: pp)",
+            ),
         ),
     }
     return create_model("WireSource", __config__=ConfigDict(extra="forbid"), **fields)

@@ -1,7 +1,7 @@
 """Arrow-native reads of a job's stored records into polars, through ADBC (no row objects).
 
 Rows come ordered by the table's natural key: steps (rank, step), collectives (rank, step,
-op), gpu (rank, gpu_index, ts), events (rank, ts, kind), ranks (rank). Columns have the
+group, op), gpu (rank, gpu_index, ts), events (rank, ts, kind), ranks (rank). Columns have the
 canonical dtypes of `stepscope.schema` (str and json → String, int → Int64, float →
 Float64) whatever the values; JSON columns are JSON text. PostgreSQL reads use a small
 pool of ADBC connections per engine (stepscope.store.pg_reader); SQLite files are read by

@@ -34,6 +34,14 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def downgrade(engine: sa.Engine, revision: str) -> None:
+    """Revert migrations down to `revision`."""
+    cfg = _config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
 def head_revision() -> str | None:
     return ScriptDirectory.from_config(_config()).get_current_head()
 

@@ -32,16 +32,21 @@ _SQL_TYPES: dict[schema.Dtype, sa.types.TypeEngine[Any]] = {
 
 # Columns that live elsewhere in the store: a step's node is kept once per rank in `ranks`.
 _NOT_STORED = {"steps": ("node",)}
+# Columns optional on the wire and in files that the store keeps non-null, with this default
+# where a batch or an older row has none: a collective's group is part of its key.
+_STORED_DEFAULTS: dict[str, dict[str, str]] = {"collectives": {"group": schema.DEFAULT_GROUP}}
 
 
 def _record_table(spec: schema.Table, *, surrogate_id: bool = False) -> sa.Table:
     """A table with the columns, types, nullability and natural key of a schema table."""
     skipped = _NOT_STORED.get(spec.name, ())
+    defaults = _STORED_DEFAULTS.get(spec.name, {})
     columns = [
         sa.Column(
             c.name,
             _SQL_TYPES[c.dtype],
-            nullable=not c.required,
+            nullable=not c.required and c.name not in defaults,
+            server_default=defaults.get(c.name),
             primary_key=not surrogate_id and c.name in spec.key,
             comment=" ".join(filter(None, (c.doc, f"[{c.unit}]" if c.unit else ""))) or None,
         )
@@ -163,12 +168,14 @@ op_rollups = sa.Table(
     Base.metadata,
     sa.Column("job_id", sa.String(), primary_key=True),
     sa.Column("step", sa.BigInteger(), primary_key=True),
+    sa.Column("group", sa.String(), primary_key=True, server_default=""),
     sa.Column("op", sa.String(), primary_key=True),
     sa.Column("num_ranks", sa.Integer(), nullable=False),
     sa.Column("group_size", sa.Integer()),
     *_floats("count", "bytes", "busy_s_min", "busy_s_p50", "busy_s_max"),
     *_floats("busbw_min_bps", "busbw_p50_bps"),
 )
+"""Per step and process group label (schema.group_label: every tp group is "tp") and op."""
 
 # One row per step bucket; per metric a float32 vector over the int32 vector `ranks`: a
 # 1,024-rank heatmap reads 1,024 rows, not a million.

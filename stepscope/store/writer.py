@@ -100,12 +100,13 @@ _UPSERT_JOB = sa.text(
     + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
 ).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
 _UPSERT_RANK = sa.text(
-    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, first_seen, last_seen) "
-    "VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :now, :now) "
+    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, first_seen, "
+    "last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :mesh, :now, :now) "
     "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
     "node = excluded.node, pid = excluded.pid, incarnation = excluded.incarnation, "
-    "last_seen = excluded.last_seen"
-)
+    "mesh = COALESCE(excluded.mesh, ranks.mesh), last_seen = excluded.last_seen"
+).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
+"""A rank's mesh is the latest one it sent (a batch without one keeps it)."""
 
 
 @dataclass(slots=True)
@@ -302,19 +303,22 @@ def _job_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
 
 
 def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
-    """One upsert per (job, rank), from its latest batch in the group."""
-    by_rank = {
-        (p.job["job_id"], p.source["rank"]): {
+    """One upsert per (job, rank), from its latest batch in the group (and the latest mesh)."""
+    by_rank: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in fresh:
+        key = (p.job["job_id"], p.source["rank"])
+        earlier = by_rank.get(key)
+        mesh = p.source.get("mesh")
+        by_rank[key] = {
             "job_id": p.job["job_id"],
             "rank": p.source["rank"],
             "local_rank": p.source.get("local_rank"),
             "node": p.source.get("node"),
             "pid": p.source.get("pid"),
             "incarnation": p.source["incarnation"],
+            "mesh": mesh if mesh is not None or earlier is None else earlier["mesh"],
             "now": now,
         }
-        for p in fresh
-    }
     return list(by_rank.values())
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from stepscope.schema import COLLECTIVES, GPU, JOBS, RANKS, STEPS, busbw_factor
+from stepscope.schema import COLLECTIVES, GPU, JOBS, RANKS, STEPS, busbw_factor, compact_ranks
 
 if TYPE_CHECKING:
     import polars as pl
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 Cause = Literal["data", "compute", "communication", "gpu_throttling"]
 Jitter = Literal["normal", "lognormal", "ar1"]
 Columns = dict[str, NDArray[Any]]
+
+SYNTH_GROUP = "0"
+"""The process group of every collective: the default (world) group, as pg.group_name."""
 
 SW_POWER_CAP = 0x4
 SW_THERMAL_SLOWDOWN = 0x20
@@ -298,11 +301,17 @@ def generate(spec: JobSpec) -> SynthJob:
         collectives = {
             "rank": rank_col,
             "step": step_col,
+            "group": np.full(n, SYNTH_GROUP, dtype=object),
             "op": np.full(n, "all_reduce", dtype=object),
             "group_size": np.full(n, num_ranks, dtype=np.int64),
             "count": np.full(n, spec.num_buckets, dtype=np.int64),
             "bytes": np.full(n, spec.allreduce_bytes, dtype=np.int64),
             "busy_s": busy.ravel(),
+            # Synchronous all-reduces, not overlapped: the thread is blocked for all of them.
+            "wait_s": busy.ravel().copy(),
+            # The group's only collectives: the step's first is the group's call num_buckets × step.
+            "first_seq": step_col * spec.num_buckets,
+            "group_ranks": np.full(n, compact_ranks(list(range(num_ranks))), dtype=object),
         }
 
     gpu: Columns = {}

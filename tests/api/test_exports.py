@@ -63,3 +63,19 @@ def test_export_rejects_an_unknown_table_or_format(api: Api) -> None:
         response = api.client.get(f"/jobs/{JOB}/export", params=params)
         assert response.status_code == 422
         assert response.json()["errors"][0]["parameter"] == parameter
+
+
+def test_collectives_export_carries_the_per_group_columns(api: Api) -> None:
+    response = api.client.get(
+        f"/jobs/{JOB}/export", params={"table": "collectives", "format": "csv"}
+    )
+    like = pl.DataFrame(frames.arrow_schema("collectives").empty_table())
+    back = pl.read_csv(io.BytesIO(response.content), schema=like.schema)
+
+    assert response.status_code == 200
+    assert back.columns == list(schema.COLLECTIVES.names)
+    sent = api.job.collectives
+    assert back["group"].to_list() == sent["group"].tolist()
+    assert back["first_seq"].to_list() == sent["first_seq"].tolist()
+    assert back["wait_s"].to_list() == sent["wait_s"].astype(float).tolist()
+    assert back["group_ranks"].to_list() == sent["group_ranks"].tolist()

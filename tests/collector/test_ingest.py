@@ -280,3 +280,124 @@ def test_copy_of_batch_from_other_rank_is_separate(server: RunningServer) -> Non
     assert post(server, other).json()["duplicate"] is False
     assert stored_counts(server, "job-a")["steps"] == 6
     assert stored_counts(server, "job-a")["ranks"] == 2
+
+
+MESH = {"dp_shard": [1, 2], "tp": [0, 2]}
+
+
+def per_group_batch(*, seq: int = 0, mesh: Any = MESH) -> dict[str, Any]:
+    """make_batch() from a profiler of per-group records: step 10's all_gather in two groups
+    (tp and dp_shard), a broadcast in the default group without a mesh dimension."""
+    batch = make_batch(seq=seq)
+    batch["source"]["mesh"] = mesh
+    batch["collectives"] = {
+        "step": [10, 10, 10],
+        "group": ["1", "2", "0"],
+        "op": ["all_gather", "all_gather", "broadcast"],
+        "group_size": [2, 2, 4],
+        "count": [6, 3, 1],
+        "bytes": [6_000_000, 3_000_000, 8],
+        "busy_s": [0.012, 0.02, 0.001],
+        "wait_s": [0.004, 0.015, None],
+        "first_seq": [12, 6, 0],
+        "mesh_dim": ["tp", "dp_shard", None],
+        "group_ranks": ["0-1", "1-3:2", "0-3"],
+    }
+    return batch
+
+
+def test_per_group_collectives_and_the_rank_mesh_round_trip(server: RunningServer) -> None:
+    resp = post(server, per_group_batch())
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["accepted"]["collectives"] == 3
+
+    coll = read_rows(server.db_url, "collectives", "job-a")
+    assert sorted(
+        (
+            r["step"],
+            r["group"],
+            r["op"],
+            r["count"],
+            r["wait_s"],
+            r["first_seq"],
+            r["mesh_dim"],
+            r["group_ranks"],
+        )
+        for r in coll
+    ) == [
+        (10, "0", "broadcast", 1, None, 0, None, "0-3"),
+        (10, "1", "all_gather", 6, 0.004, 12, "tp", "0-1"),
+        (10, "2", "all_gather", 3, 0.015, 6, "dp_shard", "1-3:2"),
+    ]
+    (rank,) = read_rows(server.db_url, "ranks", "job-a")
+    assert rank["mesh"] == MESH
+    filled = {
+        r["column_name"]
+        for r in read_rows(server.db_url, "job_columns", "job-a")
+        if r["table_name"] == "collectives"
+    }
+    assert filled == {"wait_s", "first_seq", "mesh_dim", "group_ranks"}
+
+    # A resend is acknowledged and stored once; the same rows under a new seq too.
+    again = post(server, per_group_batch())
+    assert again.json() == {
+        "accepted": {"steps": 3, "collectives": 3, "gpu": 2, "events": 1},
+        "duplicate": True,
+    }
+    assert post(server, per_group_batch(seq=1)).json()["duplicate"] is False
+    assert len(read_rows(server.db_url, "collectives", "job-a")) == 3
+
+    # The rank's mesh is the latest it sent; a batch without one keeps it.
+    moved = {"pp": [1, 4]}
+    assert post(server, per_group_batch(seq=2, mesh=moved)).status_code == 200
+    assert post(server, make_batch(seq=3)).status_code == 200
+    (rank,) = read_rows(server.db_url, "ranks", "job-a")
+    assert rank["mesh"] == moved
+
+
+def test_collectives_without_a_group_are_stored_in_the_default_group(
+    server: RunningServer,
+) -> None:
+    assert post(server, make_batch()).status_code == 200
+    old = make_batch(seq=1)
+    old["collectives"]["group"] = [None, "0"]  # a null group is the default group too
+    assert post(server, old).status_code == 200
+
+    coll = read_rows(server.db_url, "collectives", "job-a")
+    # Step 11 in group "0" is another row than step 11 in the unknown group.
+    assert sorted((r["step"], r["group"], r["wait_s"], r["first_seq"]) for r in coll) == [
+        (10, "", None, None),
+        (11, "", None, None),
+        (11, "0", None, None),
+    ]
+    (rank,) = read_rows(server.db_url, "ranks", "job-a")
+    assert rank["mesh"] is None
+    assert not [
+        r
+        for r in read_rows(server.db_url, "job_columns", "job-a")
+        if r["table_name"] == "collectives"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "message"),
+    [
+        ([1, 2], "source.mesh must be of type json"),
+        ({"tp": [2, 2]}, "source.mesh.tp must be [coordinate, size]"),
+        ({"tp": [-1, 2]}, "source.mesh.tp must be [coordinate, size]"),
+        ({"tp": [0, 2, 1]}, "source.mesh.tp must be [coordinate, size]"),
+        ({"tp": [0.0, 2]}, "source.mesh.tp must be [coordinate, size]"),
+        ({"tp": [True, 2]}, "source.mesh.tp must be [coordinate, size]"),
+        ({"tp": "0/2"}, "source.mesh.tp must be [coordinate, size]"),
+        ({"x" * 65: [0, 2]}, "source.mesh dimension names must be 1 to 64 characters"),
+        ({"": [0, 2]}, "source.mesh dimension names must be 1 to 64 characters"),
+        ({f"d{i}": [0, 2] for i in range(9)}, "source.mesh has 9 dimensions, more than 8"),
+    ],
+)
+def test_a_bad_source_mesh_is_named_and_nothing_is_stored(
+    server: RunningServer, mesh: Any, message: str
+) -> None:
+    resp = post(server, per_group_batch(mesh=mesh))
+    assert resp.status_code == 422
+    assert message in resp.json()["detail"]
+    assert set(stored_counts(server, "job-a").values()) == {0}

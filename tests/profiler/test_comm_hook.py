@@ -12,7 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stepscope.profiler.comm import CollectiveCall, DdpStepTimer, make_ddp_hook
+from stepscope.profiler.calls import CollectiveCall
+from stepscope.profiler.comm import DdpStepTimer, make_ddp_hook
+from stepscope.profiler.groups import GroupRegistry
 from stepscope.profiler.timer import CpuClock
 from tests.profiler.ranks import run_ranks
 
@@ -37,7 +39,8 @@ def compare(rank: int, port: int, queue: Any) -> None:
         hooked = DistributedDataParallel(build_model())
         calls: list[CollectiveCall] = []
         hooked.register_comm_hook(
-            hooked.process_group, make_ddp_hook(clock=CpuClock(), record=calls.append)
+            hooked.process_group,
+            make_ddp_hook(clock=CpuClock(), record=calls.append, groups=GroupRegistry()),
         )
         gen = torch.Generator().manual_seed(rank)  # ranks see different data
         identical = True
@@ -55,7 +58,7 @@ def compare(rank: int, port: int, queue: Any) -> None:
                 "rank": rank,
                 "identical": identical,
                 "calls": [
-                    (c.op, c.group_size, c.num_bytes, c.ddp_bucket, c.end is not None)
+                    (c.op, c.group.size, c.num_bytes, c.ddp_bucket, c.end is not None)
                     for c in calls
                 ],
                 "ordered": all(c.end is not None and c.end >= c.start for c in calls),
@@ -99,11 +102,14 @@ def time_steps(rank: int, port: int, queue: Any) -> None:
     try:
         timed = DistributedDataParallel(TwoHeads())
         step_calls: list[CollectiveCall] = []
-        timer = DdpStepTimer(timed, clock=CpuClock(), record=step_calls.append)
+        timer = DdpStepTimer(
+            timed, clock=CpuClock(), record=step_calls.append, groups=GroupRegistry()
+        )
         hooked = DistributedDataParallel(TwoHeads())  # DDP's real buckets, one call each
         bucket_calls: list[CollectiveCall] = []
         hooked.register_comm_hook(
-            hooked.process_group, make_ddp_hook(clock=CpuClock(), record=bucket_calls.append)
+            hooked.process_group,
+            make_ddp_hook(clock=CpuClock(), record=bucket_calls.append, groups=GroupRegistry()),
         )
         gen = torch.Generator().manual_seed(rank)
         per_step: list[tuple[int, int]] = []
@@ -126,7 +132,7 @@ def time_steps(rank: int, port: int, queue: Any) -> None:
                 "rank": rank,
                 "per_step": per_step,
                 "calls": [
-                    (c.op, c.group_size, c.num_bytes, c.ddp_bucket, c.count) for c in step_calls
+                    (c.op, c.group.size, c.num_bytes, c.ddp_bucket, c.count) for c in step_calls
                 ],
                 "ordered": all(c.end is not None and c.end >= c.start for c in step_calls),
                 "bucket_bytes": sum(c.num_bytes for c in bucket_calls[-2:]),

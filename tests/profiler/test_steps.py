@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.profiler.comm import CollectiveCall
+from stepscope.profiler.calls import CollectiveCall
+from stepscope.profiler.groups import GroupInfo
 from stepscope.profiler.steps import StepRecord
 from stepscope.profiler.timer import CpuClock, union_s
 
 CLOCK = CpuClock()
+WORLD = GroupInfo(name="0", size=4, ranks="0-3")
+PAIR = GroupInfo(name="3", size=2, ranks="0-2:2")
+TP = {"3": "tp"}
 
 
 def bucket(ready_s: float, done_s: float, num_bytes: int = 1000) -> CollectiveCall:
     return CollectiveCall(
         op="all_reduce",
-        group_size=4,
+        group=WORLD,
         num_bytes=num_bytes,
         start=ready_s,
         end=done_s,
@@ -31,18 +35,23 @@ def test_fast_rank_waits_from_its_last_ready_bucket_to_the_last_completion() -> 
     # Backward compute ends at 0.30 s; its all-reduces complete only at 0.80 s (a slow peer).
     record = StepRecord(step=3, ts=1.7e9, base=0.0, step_s=0.85, data_s=0.02)
     record.calls = [bucket(0.10, 0.80), bucket(0.30, 0.80)]
-    row, collectives = record.to_rows(CLOCK)
+    row, collectives = record.to_rows(CLOCK, TP)
     assert row["comm_wait_s"] == pytest.approx(0.50)
     assert row["comm_s"] == pytest.approx(0.70)
     assert row["compute_s"] == pytest.approx(0.85 - 0.02 - 0.50)
     assert collectives == [
         {
             "step": 3,
+            "group": "0",
             "op": "all_reduce",
             "group_size": 4,
             "count": 2,
             "bytes": 2000,
             "busy_s": pytest.approx(0.70 + 0.50),
+            "wait_s": pytest.approx(0.50),
+            "first_seq": None,
+            "mesh_dim": None,
+            "group_ranks": "0-3",
         }
     ]
 
@@ -50,28 +59,51 @@ def test_fast_rank_waits_from_its_last_ready_bucket_to_the_last_completion() -> 
 def test_slow_rank_barely_waits_because_its_peers_waited_for_it() -> None:
     record = StepRecord(step=3, ts=1.7e9, base=0.0, step_s=0.85)
     record.calls = [bucket(0.10, 0.79), bucket(0.78, 0.80)]
-    row, _ = record.to_rows(CLOCK)
+    row, _ = record.to_rows(CLOCK, TP)
     assert row["comm_wait_s"] == pytest.approx(0.02)
 
 
-def test_synchronous_collectives_count_whole_and_async_ones_only_in_flight() -> None:
+def test_only_the_time_spent_in_waits_is_exposed_and_rows_are_per_group_and_op() -> None:
     record = StepRecord(step=0, ts=1.7e9, base=0.0, step_s=1.0)
     record.calls = [
+        # A synchronous all-gather: waited on from issue to completion.
         CollectiveCall(
-            op="all_gather", group_size=2, num_bytes=64, start=0.1, end=0.2, blocking=True
+            op="all_gather",
+            group=PAIR,
+            num_bytes=64,
+            start=0.1,
+            end=0.2,
+            seq=7,
+            waits=[(0.1, 0.2)],
         ),
-        CollectiveCall(op="all_gather", group_size=2, num_bytes=64, start=0.5, end=0.9),
+        # An async one, overlapped with compute, waited on for its last 0.05 s.
+        CollectiveCall(
+            op="all_gather",
+            group=PAIR,
+            num_bytes=64,
+            start=0.5,
+            end=0.9,
+            seq=8,
+            waits=[(0.85, 0.9)],
+        ),
+        CollectiveCall(op="all_reduce", group=WORLD, num_bytes=16, start=0.3, end=0.4, seq=2),
     ]
-    row, [gather] = record.to_rows(CLOCK)
-    assert row["comm_wait_s"] == pytest.approx(0.1)
-    assert row["comm_s"] == pytest.approx(0.5)
+    row, rows = record.to_rows(CLOCK, TP)
+    assert row["comm_wait_s"] == pytest.approx(0.15)
+    assert row["comm_s"] == pytest.approx(0.6)
+    by_key = {(r["group"], r["op"]): r for r in rows}
+    gather = by_key[("3", "all_gather")]
     assert (gather["count"], gather["bytes"], gather["busy_s"]) == (2, 128, pytest.approx(0.5))
+    assert (gather["wait_s"], gather["first_seq"]) == (pytest.approx(0.15), 7)
+    assert (gather["mesh_dim"], gather["group_ranks"], gather["group_size"]) == ("tp", "0-2:2", 2)
+    reduce = by_key[("0", "all_reduce")]
+    assert (reduce["wait_s"], reduce["first_seq"], reduce["mesh_dim"]) == (0.0, 2, None)
 
 
 def test_sections_sum_repeats_and_unknown_names_become_custom_values() -> None:
     record = StepRecord(step=0, ts=1.7e9, base=0.0, step_s=1.0)
     record.sections = {"forward": [(0.0, 0.1), (0.5, 0.6)], "loss_scaling": [(0.2, 0.25)]}
-    row, collectives = record.to_rows(CLOCK)
+    row, collectives = record.to_rows(CLOCK, TP)
     assert row["forward_s"] == pytest.approx(0.2)
     assert "backward_s" not in row
     assert "comm_wait_s" not in row
@@ -82,7 +114,7 @@ def test_sections_sum_repeats_and_unknown_names_become_custom_values() -> None:
 
 def test_a_collective_still_in_flight_keeps_the_step_unresolved() -> None:
     record = StepRecord(step=0, ts=1.7e9, base=0.0)
-    call = CollectiveCall(op="broadcast", group_size=2, num_bytes=8, start=0.1)
+    call = CollectiveCall(op="broadcast", group=PAIR, num_bytes=8, start=0.1)
     record.calls = [call]
     assert not record.is_resolved(CLOCK)
     call.end = 0.2

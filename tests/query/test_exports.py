@@ -15,7 +15,7 @@ from polars.testing import assert_frame_equal
 from stepscope import query, schema
 from stepscope.query import exports
 from stepscope.store import frames
-from tests.query.conftest import EVENTS, JOB, Stored
+from tests.query.conftest import EVENTS, JOB, NUM_STEPS, Stored
 
 
 def stored_steps(stored: Stored) -> pl.DataFrame:
@@ -58,6 +58,23 @@ def test_collectives_and_gpu_exports_hold_every_row(stored: Stored) -> None:
         back = pl.read_parquet(io.BytesIO(data))
         assert back.height == raw.height
         assert back.columns == list(schema.TABLES[frames.FRAME_TABLES[table].name].names)
+
+
+@pytest.mark.parametrize("format", ["parquet", "csv", "ndjson"])
+def test_collectives_export_carries_the_per_group_columns(stored: Stored, format: str) -> None:
+    data = b"".join(query.export(stored.engine, JOB, "collectives", format))
+    like = pl.DataFrame(frames.arrow_schema("collectives").empty_table())
+    back = read_back(data, format, like)
+
+    assert back.columns == list(schema.COLLECTIVES.names)
+    columns = ["rank", "step", "group", "op", "busy_s", "wait_s", "first_seq", "group_ranks"]
+    expected = stored.collectives.select(columns).with_columns(pl.col("wait_s").cast(pl.Float64))
+    assert_frame_equal(back.select(columns), expected)
+    assert back["mesh_dim"].null_count() == back.height  # the simulator's group spans no mesh
+    rank_1_step_3 = back.row(NUM_STEPS + 3, named=True)
+    assert (rank_1_step_3["group"], rank_1_step_3["first_seq"]) == ("0", 3 * 25)
+    assert rank_1_step_3["group_ranks"] == "0-15"
+    assert rank_1_step_3["wait_s"] == rank_1_step_3["busy_s"]
 
 
 def test_findings_export_keeps_json_columns(stored: Stored) -> None:

@@ -6,11 +6,14 @@ import subprocess
 import sys
 
 import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 
-from stepscope.store import frames
+from stepscope import schema
+from stepscope.store import frames, tables
 from stepscope.store.engine import make_engine
 from stepscope.store.frames import read_frame
-from stepscope.store.migrate import current_revision, head_revision, upgrade
+from stepscope.store.migrate import current_revision, downgrade, head_revision, upgrade
 
 EXPECTED_TABLES = {
     "jobs",
@@ -52,6 +55,7 @@ def test_db_upgrade_creates_every_table_on_an_empty_database(empty_db_url: str) 
         "job_id",
         "rank",
         "step",
+        "group",
         "op",
     ]
     nullable = {c["name"]: c["nullable"] for c in inspector.get_columns("steps")}
@@ -98,4 +102,80 @@ def test_jobs_stored_before_job_columns_keep_every_column_on_read(empty_db_url: 
 
     assert read_frame(engine, "steps", "old", columns=["step", "forward_s"]).rows() == [(0, 0.25)]
     assert not frames._unfilled_columns(engine, "steps", "old")
+    engine.dispose()
+
+
+def test_the_migrated_schema_is_the_tables_module(db_url: str) -> None:
+    engine = make_engine(db_url)
+    inspector = sa.inspect(engine)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), tables.Base.metadata) == []
+    # Alembic's comparison leaves out primary keys and server defaults.
+    for table in tables.Base.metadata.sorted_tables:
+        stored = inspector.get_pk_constraint(table.name)
+        assert stored["constrained_columns"] == [c.name for c in table.primary_key.columns]
+        assert stored["name"] == f"pk_{table.name}"
+    for name in ("collectives", "op_rollups"):
+        (group,) = [c for c in inspector.get_columns(name) if c["name"] == "group"]
+        assert not group["nullable"]
+        assert group["default"] in ("''", "''::character varying")
+    engine.dispose()
+
+
+def _insert(engine: sa.Engine, table: str, **row: object) -> None:
+    names = ", ".join(f'"{n}"' for n in row)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES (:{', :'.join(row)})"), row)
+
+
+def _rows(engine: sa.Engine, sql: str) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(sql))]
+
+
+def test_collective_groups_migration_keeps_old_rows_and_downgrades(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
+    upgrade(engine, "0004")
+    _insert(engine, "jobs", job_id="old", status="finished", started_at=1.0)
+    _insert(engine, "ranks", job_id="old", rank=0, node="n0")
+    old = {"job_id": "old", "rank": 0, "op": "all_reduce", "group_size": 2, "count": 3}
+    for step in (0, 1):
+        _insert(engine, "collectives", **old, step=step, bytes=400, busy_s=0.25 + step)
+    _insert(engine, "op_rollups", job_id="old", step=0, op="all_reduce", num_ranks=2, count=3.0)
+
+    upgrade(engine, "0005")
+
+    collectives = read_frame(engine, "collectives", "old")
+    assert collectives.columns == list(schema.COLLECTIVES.names)
+    assert collectives.select("step", "group", "op", "busy_s", "wait_s", "first_seq").rows() == [
+        (0, "", "all_reduce", 0.25, None, None),
+        (1, "", "all_reduce", 1.25, None, None),
+    ]
+    assert collectives.select("mesh_dim", "group_ranks").null_count().row(0) == (2, 2)
+    assert read_frame(engine, "ranks", "old", columns=["rank", "node", "mesh"]).rows() == [
+        (0, "n0", None)
+    ]
+    assert _rows(engine, 'SELECT step, "group", op, count FROM op_rollups') == [
+        (0, "", "all_reduce", 3.0)
+    ]
+    # Step 0's all_reduce in group "1" is a row of its own now.
+    _insert(engine, "collectives", **old, step=0, group="1", bytes=100, busy_s=0.5, wait_s=0.1)
+    assert len(read_frame(engine, "collectives", "old")) == 3
+
+    downgrade(engine, "0004")
+
+    # The old key holds one row per (step, op): the groups' rows are summed into it.
+    assert _rows(
+        engine, "SELECT step, op, group_size, count, bytes, busy_s FROM collectives ORDER BY step"
+    ) == [(0, "all_reduce", 2, 6, 500, 0.75), (1, "all_reduce", 2, 3, 400, 1.25)]
+    names = {c["name"] for c in sa.inspect(engine).get_columns("collectives")}
+    assert names == {"job_id", "rank", "step", "op", "group_size", "count", "bytes", "busy_s"}
+    assert "mesh" not in {c["name"] for c in sa.inspect(engine).get_columns("ranks")}
+    assert _rows(engine, "SELECT step, op FROM op_rollups") == [(0, "all_reduce")]
+
+    upgrade(engine)
+    assert read_frame(engine, "collectives", "old", columns=["step", "group"]).rows() == [
+        (0, ""),
+        (1, ""),
+    ]
     engine.dispose()

@@ -16,7 +16,10 @@ def _matrix(job_columns: dict[str, np.ndarray], column: str, num_ranks: int) -> 
 def test_columns_use_schema_names_and_shapes() -> None:
     job = generate(JobSpec(num_ranks=16, num_steps=50, seed=1))
     assert set(job.steps) <= set(STEPS.names) - {"job_id", "node"}
-    assert set(job.collectives) == set(COLLECTIVES.names) - {"job_id"}
+    # A simulated data-parallel job: its one process group spans no DeviceMesh dimension.
+    assert set(job.collectives) == set(COLLECTIVES.names) - {"job_id", "mesh_dim"}
+    assert set(job.collectives["group"]) == {"0"}
+    assert job.collectives["first_seq"][:3].tolist() == [0, 25, 50]
     assert set(job.gpu) <= set(GPU.names) - {"job_id"}
     assert set(job.job) == set(JOBS.names)
     assert all(v.shape == (16 * 50,) for v in job.steps.values())

@@ -1,0 +1,105 @@
+"""Process groups as the collective tap sees them: name, members, mesh dimension, sequence.
+
+Every member of a process group issues its collectives in the same order, so a counter per
+group that the tap advances at each call is the same on every member for the same call:
+(group name, sequence number) names one collective across ranks without clock sync. The
+group's name (`pg.group_name`) is assigned by c10d in the same order on every rank.
+
+A `DeviceMesh` labels its groups: each mesh dimension's group is named after the dimension
+(tp, dp_shard, pp, ...), and this rank's coordinate along it is reported once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from stepscope.schema import compact_ranks
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    """One process group, as recorded on every collective issued in it."""
+
+    name: str
+    size: int
+    ranks: str
+    """Members, compact (stepscope.schema.compact_ranks)."""
+    seq: int = 0
+    """Collectives issued in this group so far (send/recv not counted: they are pairwise)."""
+
+
+class GroupRegistry:
+    """Groups by process-group object and by name, with the mesh's labels and coordinates."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, GroupInfo]] = {}
+        self._by_name: dict[str, GroupInfo] = {}
+        self.mesh_dims: dict[str, str] = {}
+        """Group name → the mesh dimension it spans."""
+        self.mesh: dict[str, list[int]] = {}
+        """This rank's mesh coordinates: dimension → [coordinate, size]."""
+
+    def of(self, pg: Any) -> GroupInfo:
+        """The group of a ProcessGroup object (looked up once per group)."""
+        entry = self._by_id.get(id(pg))
+        if entry is not None and entry[0] is pg:
+            return entry[1]
+        info = self._by_name.get(_name_of(pg))
+        if info is None:
+            info = _describe(pg)
+            self._by_name[info.name] = info
+        self._by_id[id(pg)] = (pg, info)  # holding pg keeps its id from being reused
+        return info
+
+    def named(self, name: str) -> GroupInfo:
+        """The group called `name` (functional collectives name their group)."""
+        info = self._by_name.get(name)
+        if info is None:
+            from torch._C._distributed_c10d import _resolve_process_group
+
+            info = self.of(_resolve_process_group(name))  # type: ignore[arg-type]
+        return info
+
+    def add_mesh(self, mesh: Any) -> bool:
+        """Label a DeviceMesh's groups with its dimension names and note this rank's
+        coordinates; False when the mesh has no dimension names."""
+        names = getattr(mesh, "mesh_dim_names", None)
+        coordinate = mesh.get_coordinate()
+        if not names or coordinate is None:
+            return False
+        for index, dim in enumerate(names):
+            self.mesh_dims[str(mesh.get_group(index).group_name)] = str(dim)
+            self.mesh[str(dim)] = [int(coordinate[index]), int(mesh.size(index))]
+        return True
+
+    def add_stage(self, stage_index: int, num_stages: int, group: Any) -> None:
+        """A pipeline stage: this rank's coordinate along "pp", and its group's label."""
+        self.mesh["pp"] = [int(stage_index), int(num_stages)]
+        group = group if group is not None else dist.group.WORLD
+        if group is not None and num_stages == _size_of(group):
+            self.mesh_dims[self.of(group).name] = "pp"
+
+
+def _name_of(pg: Any) -> str:
+    try:
+        return str(pg.group_name)
+    except Exception:  # a group c10d does not know by name (not registered)
+        return f"pg{id(pg):x}"
+
+
+def _size_of(pg: Any) -> int:
+    try:
+        return int(pg.size())
+    except Exception:
+        return 0
+
+
+def _describe(pg: Any) -> GroupInfo:
+    try:
+        members = dist.get_process_group_ranks(pg)
+    except Exception:  # not a group registered with c10d: its members are unknown
+        members = []
+    return GroupInfo(name=_name_of(pg), size=_size_of(pg), ranks=compact_ranks(members))

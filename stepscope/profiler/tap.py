@@ -1,0 +1,369 @@
+"""The collective tap: every collective this process issues, per process group, at a few µs each.
+
+Two layers, which never see the same call twice:
+
+- Class-level wrappers on `torch._C._distributed_c10d.ProcessGroup` methods see every
+  collective issued from Python: `torch.distributed.*`, FSDP1 and FSDP2, pipeline send/recv,
+  async work, DDP comm hooks. Completion comes from the work's future (a callback on the
+  backend's thread) or, for work without one, from the end of its wait; a class-level
+  `Work.wait` wrapper measures the exposed wait, the time the caller sat blocked.
+- Python kernels on the `BackendSelect` dispatch key of the `_c10d_functional` ops see the
+  functional collectives that DTensor, tensor parallelism and compiled graphs issue (they
+  reach the process group in C++); `wait_tensor`'s kernel measures their exposed wait.
+
+DDP's reducer issues its all-reduces in C++ and is timed by comm.DdpStepTimer or the
+comm hook instead. Nothing the user observes changes: arguments, return values, exceptions
+and identities pass through (`dist.isend` is untouched, so `P2POp` still recognises it), and
+every wrapper steps aside while the compiler traces. An error inside the tap turns it off,
+is reported once through `on_error`, and the collective runs as if the tap were not there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import ProcessGroup, Work
+
+from .calls import CollectiveCall, Record, tensors_bytes
+from .groups import GroupInfo, GroupRegistry
+from .timer import Clock
+
+log = logging.getLogger(__name__)
+
+PG_METHODS: dict[str, tuple[str, int | None]] = {
+    "allreduce": ("all_reduce", 0),
+    "allreduce_coalesced": ("all_reduce", 0),
+    "broadcast": ("broadcast", 0),
+    "reduce": ("reduce", 0),
+    "allgather": ("all_gather", 0),
+    "all_gather_single": ("all_gather", 0),
+    "_allgather_base": ("all_gather", 0),
+    "allgather_coalesced": ("all_gather", 0),
+    "all_gather_single_coalesced": ("all_gather", 0),
+    "allgather_into_tensor_coalesced": ("all_gather", 0),
+    "reduce_scatter": ("reduce_scatter", 1),
+    "reduce_scatter_single": ("reduce_scatter", 1),
+    "_reduce_scatter_base": ("reduce_scatter", 1),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 1),
+    "alltoall": ("all_to_all", 1),
+    "alltoall_base": ("all_to_all", 1),
+    "all_to_all_single": ("all_to_all", 1),
+    "send": ("send", 0),
+    "recv": ("recv", 0),
+    "recv_anysource": ("recv", 0),
+    "barrier": ("barrier", None),
+}
+"""ProcessGroup method → (op, position of the argument whose bytes are the payload).
+
+Payload by the nccl-tests conventions: all_gather counts the gathered output,
+reduce_scatter and all_to_all the input."""
+
+FUNCOL_OPS: dict[str, tuple[str, int]] = {
+    "all_reduce": ("all_reduce", 2),
+    "all_reduce_": ("all_reduce", 2),
+    "all_reduce_coalesced": ("all_reduce", 2),
+    "all_reduce_coalesced_": ("all_reduce", 2),
+    "all_gather_into_tensor": ("all_gather", 2),
+    "all_gather_into_tensor_out": ("all_gather", 2),
+    "all_gather_into_tensor_coalesced": ("all_gather", 2),
+    "reduce_scatter_tensor": ("reduce_scatter", 3),
+    "reduce_scatter_tensor_out": ("reduce_scatter", 3),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3),
+    "all_to_all_single": ("all_to_all", 3),
+    "broadcast": ("broadcast", 2),
+    "broadcast_": ("broadcast", 2),
+    "isend": ("send", 3),
+    "irecv": ("recv", 3),
+}
+"""_c10d_functional op → (op, position of its group argument). Their payload is the input,
+but all_gather's, which is its output (group size × input)."""
+
+_P2P = frozenset({"send", "recv"})
+_MAX_PENDING = 4096
+"""Issued work whose wait is still to come; beyond it (work never waited on) the oldest go."""
+
+_installed: CollectiveTap | None = None
+
+
+def untapped(name: str) -> Any:
+    """ProcessGroup's own method `name`, even while a tap wraps it (for DDP's comm hook,
+    which times its buckets itself)."""
+    if _installed is not None:
+        original = _installed._originals.get((ProcessGroup, name))
+        if original is not None:
+            return original
+    return ProcessGroup.__dict__[name]
+
+
+class CollectiveTap:
+    """Records every collective as a `CollectiveCall` while installed (one per process)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        record: Record,
+        groups: GroupRegistry,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.clock = clock
+        """Replaceable: the profiler moves to CUDA events once it sees the device."""
+        self._record = record
+        self.groups = groups
+        self._on_error = on_error
+        self.enabled = False
+        self._originals: dict[tuple[type, str], Any] = {}
+        self._library: Any = None
+        self._pending_work: weakref.WeakKeyDictionary[Any, CollectiveCall] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._pending_tensors: dict[int, CollectiveCall] = {}
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Wrap the process-group methods and register the functional-collective kernels."""
+        global _installed
+        if _installed is not None:
+            _installed.remove()
+        for name, (op, position) in PG_METHODS.items():
+            original = ProcessGroup.__dict__.get(name)
+            if original is not None:
+                self._originals[(ProcessGroup, name)] = original
+                setattr(ProcessGroup, name, self._pg_wrapper(original, name, op, position))
+        original_wait = Work.__dict__["wait"]
+        self._originals[(Work, "wait")] = original_wait
+        setattr(Work, "wait", self._wait_wrapper(original_wait))  # noqa: B010
+        self._register_kernels()
+        self.enabled = True
+        _installed = self
+
+    def remove(self) -> None:
+        """Put the originals back and unregister the kernels."""
+        global _installed
+        self.enabled = False
+        for (cls, name), original in self._originals.items():
+            setattr(cls, name, original)
+        self._originals.clear()
+        if self._library is not None:
+            self._library._destroy()
+            self._library = None
+        self._pending_tensors.clear()
+        if _installed is self:
+            _installed = None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Turn recording off after an internal error; the collectives run on untouched."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        log.warning("stepscope: the collective tap failed and is off: %r", exc, exc_info=exc)
+        if self._on_error is not None:
+            try:
+                self._on_error(exc)
+            except Exception:
+                log.debug("stepscope: on_error raised", exc_info=True)
+
+    # ---- process-group layer --------------------------------------------------------------
+
+    def _pg_wrapper(
+        self, original: Any, name: str, op: str, position: int | None
+    ) -> Callable[..., Any]:
+        tap = self
+        is_compiling = torch.compiler.is_compiling
+
+        def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.enabled or is_compiling():
+                return original(pg, *args, **kwargs)
+            call = tap._begin(tap._group(pg), op, args, position)
+            work = original(pg, *args, **kwargs)
+            if call is not None:
+                tap._issued(call, work)
+            return work
+
+        wrapper.__name__ = name
+        wrapper.__qualname__ = f"ProcessGroup.{name}"
+        wrapper.__doc__ = getattr(original, "__doc__", None)
+        return wrapper
+
+    def _group(self, group: Any) -> GroupInfo | None:
+        """The group of a ProcessGroup, or of a functional collective's group argument (its
+        name, or a boxed ProcessGroup)."""
+        try:
+            if isinstance(group, str):
+                return self.groups.named(group)
+            if not isinstance(group, ProcessGroup):
+                group = ProcessGroup.unbox(group)
+            return self.groups.of(group)
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def _begin(
+        self, group: GroupInfo | None, op: str, args: tuple[Any, ...], position: int | None
+    ) -> CollectiveCall | None:
+        if group is None or self._capturing():
+            return None
+        try:
+            seq = None
+            if op not in _P2P:
+                group.seq += 1
+                seq = group.seq
+            payload = args[position] if position is not None and position < len(args) else None
+            call = CollectiveCall(
+                op=op,
+                group=group,
+                num_bytes=tensors_bytes(payload),
+                start=self.clock.mark(),
+                seq=seq,
+            )
+            self._record(call)
+            return call
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def _capturing(self) -> bool:
+        """A CUDA graph is being captured: its replays run no Python, so record none of it."""
+        return self.clock.name == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _issued(self, call: CollectiveCall, work: Any) -> None:
+        try:
+            if work is None:
+                call.end = self.clock.mark()
+                return
+            pending = self._pending_work
+            if len(pending) >= _MAX_PENDING:
+                pending.pop(next(iter(pending.keys())), None)
+            pending[work] = call
+            try:
+                future = work.get_future()
+            except RuntimeError:  # gloo's reduce_scatter_single: completion = end of its wait
+                return
+            future.add_done_callback(functools.partial(_completed, self.clock, call))
+        except Exception as exc:
+            self._fail(exc)
+
+    def _wait_wrapper(self, original: Any) -> Callable[..., Any]:
+        tap = self
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.enabled:
+                return original(work, *args, **kwargs)
+            try:
+                call = tap._pending_work.pop(work, None)
+            except Exception as exc:
+                tap._fail(exc)
+                call = None
+            if call is None:
+                return original(work, *args, **kwargs)
+            return tap._timed_wait(call, original, work, *args, **kwargs)
+
+        wait.__name__ = "wait"
+        wait.__qualname__ = "Work.wait"
+        wait.__doc__ = getattr(original, "__doc__", None)
+        return wait
+
+    def _timed_wait(self, call: CollectiveCall, wait: Any, *args: Any, **kwargs: Any) -> Any:
+        mark = self.clock.mark
+        start = mark()
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            try:
+                end = mark()
+                call.waits.append((start, end))
+                if call.end is None:
+                    call.end = end
+            except Exception as exc:
+                self._fail(exc)
+
+    # ---- functional-collective layer ------------------------------------------------------
+
+    def _register_kernels(self) -> None:
+        namespace = torch.ops._c10d_functional
+        has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+        library = torch.library.Library("_c10d_functional", "IMPL")
+        after = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+        for name, (op, group_position) in FUNCOL_OPS.items():
+            packet = getattr(namespace, name, None)
+            if packet is None or has_kernel(f"_c10d_functional::{name}", "BackendSelect"):
+                continue
+            kernel = self._funcol_kernel(packet.default, op, group_position, after)
+            library.impl(name, kernel, "BackendSelect", with_keyset=True)
+        if not has_kernel("_c10d_functional::wait_tensor", "BackendSelect"):
+            wait = torch.ops._c10d_functional.wait_tensor.default
+            library.impl(
+                "wait_tensor", self._wait_kernel(wait, after), "BackendSelect", with_keyset=True
+            )
+        self._library = library
+
+    def _funcol_kernel(
+        self, overload: Any, op: str, group_position: int, after: Any
+    ) -> Callable[..., Any]:
+        tap = self
+
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            keys = keyset & after
+            if not tap.enabled or not _is_real(args[0]):  # FakeTensors while tracing
+                return overload.redispatch(keys, *args, **kwargs)
+            group = tap._group(args[group_position])
+            call = tap._begin(group, op, args, None if op == "all_gather" else 0)
+            result = overload.redispatch(keys, *args, **kwargs)
+            if call is not None:
+                tap._issued_tensors(call, op, result)
+            return result
+
+        return kernel
+
+    def _issued_tensors(self, call: CollectiveCall, op: str, result: Any) -> None:
+        try:
+            if op == "all_gather":
+                call.num_bytes = tensors_bytes(result)
+            pending = self._pending_tensors
+            if len(pending) >= _MAX_PENDING:
+                pending.pop(next(iter(pending)))
+            for tensor in result if isinstance(result, list | tuple) else (result,):
+                pending[tensor.data_ptr()] = call
+        except Exception as exc:
+            self._fail(exc)
+
+    def _wait_kernel(self, overload: Any, after: Any) -> Callable[..., Any]:
+        tap = self
+
+        def wait_tensor(keyset: Any, tensor: Any) -> Any:
+            keys = keyset & after
+            if not tap.enabled or not _is_real(tensor):
+                return overload.redispatch(keys, tensor)
+            try:
+                call = tap._pending_tensors.pop(tensor.data_ptr(), None)
+            except Exception as exc:
+                tap._fail(exc)
+                call = None
+            if call is None:
+                return overload.redispatch(keys, tensor)
+            return tap._timed_wait(call, overload.redispatch, keys, tensor)
+
+        return wait_tensor
+
+
+def _is_real(value: Any) -> bool:
+    """A plain tensor, or a list of them (not a FakeTensor or other subclass)."""
+    if isinstance(value, list | tuple):
+        return bool(value) and type(value[0]) is torch.Tensor
+    return type(value) is torch.Tensor
+
+
+def _completed(clock: Clock, call: CollectiveCall, _: Any) -> None:
+    """A work's future completed (on the backend's thread): stamp the collective's end."""
+    try:
+        if call.end is None:
+            call.end = clock.mark()
+    except Exception:
+        log.debug("stepscope could not time a collective", exc_info=True)
