@@ -56,7 +56,7 @@ def shard(model: nn.Module, wrap: str) -> tuple[nn.Module, dict[str, dict[str, A
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
-    for block in model.blocks.values():  # type: ignore[union-attr,operator]
+    for block in model.blocks.values():  # type: ignore[operator]
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, mesh_groups(mesh)

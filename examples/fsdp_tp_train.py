@@ -60,10 +60,10 @@ def parallelize(model: nn.Module, dp_shard: int) -> Any:
         "mlp.w1": ColwiseParallel(),
         "mlp.w2": RowwiseParallel(),
     }
-    for block in model.blocks.values():  # type: ignore[union-attr,operator]
+    for block in model.blocks.values():  # type: ignore[operator]
         parallelize_module(block, mesh["tp"], plan)
     if dp_shard > 1:
-        for block in model.blocks.values():  # type: ignore[union-attr,operator]
+        for block in model.blocks.values():  # type: ignore[operator]
             fully_shard(block, mesh=mesh["dp_shard"])
         fully_shard(model, mesh=mesh["dp_shard"])
     return mesh

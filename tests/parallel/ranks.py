@@ -3,8 +3,8 @@ torchrun launch (one interpreter start-up per rank for all of them).
 
     torchrun --standalone --nproc_per_node=4 tests/parallel/ranks.py PLAN.json
 
-PLAN.json: {"url", "prefix", "out", "break_target": "module:attr", "cases": [{"name",
-"example", "argv", "delay": [flags...], "broken_steps": n, "break_after_calls": n}, ...]}.
+PLAN.json: {"url", "prefix", "out", "cases": [{"name", "example", "argv", "delay": [flags...],
+"broken_steps": n, "break_target": "module:attr", "break_after_calls": n}, ...]}.
 Per case, on every rank: a run without stepscope (`--no-stepscope`), a profiled run with the
 delay flags (job `<prefix>-<name>`), and a profiled run of `broken_steps` steps in which
 `break_target` raises after `break_after_calls` calls (job `<prefix>-<name>-broken`). Each
@@ -89,7 +89,7 @@ def run_case(plan: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     dist.barrier()
     args = parse_args([*case["argv"], "--steps", str(case["broken_steps"])])
     prof = stepscope.init(job_id=f"{job_id}-broken", url=plan["url"], flush_interval_s=0.5)
-    with broken(plan["break_target"], case["break_after_calls"]):
+    with broken(case["break_target"], case["break_after_calls"]):
         results["broken"] = train(args, prof)
     prof.close()
     dist.barrier()
@@ -105,7 +105,8 @@ def main() -> None:
         out = Path(plan["out"], case["name"])
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{rank}.json").write_text(json.dumps(results))
-        print(f"rank {rank}: case {case['name']} done", flush=True)
+        sys.stdout.write(f"rank {rank}: case {case['name']} done\n")
+        sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.analysis import analyze
+from stepscope.analysis import AnalysisConfig, analyze
 from stepscope.schema import Finding, compact_ranks, group_label
 from stepscope.store.engine import make_engine
 from stepscope.store.frames import read_frame
@@ -28,24 +28,29 @@ from tests.live_server import RunningServer, read_rows, run_server
 from tests.parallel import expected as ex
 from tests.support import require_torchrun
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 RANKS_SCRIPT = REPO / "tests" / "parallel" / "ranks.py"
 WORLD = 4
-STEPS = 100
-"""The analysis skips 20 warm-up steps and needs a rank slow for 30 steps of a 50-step window
-(stepscope.analysis.config); the delay starts after the warm-up."""
-DELAY_FROM_STEP = 30
-DELAY_S = 0.03
+STEPS = 40
+ANALYSIS = AnalysisConfig(warmup_steps=5, window_steps=20, min_steps=10)
+"""Shorter than the defaults (20 warm-up steps, a rank slow for 30 steps of a 50-step window)
+so that nine cases fit one short launch; the delay starts after the warm-up."""
+DELAY_FROM_STEP = 12
+DELAY_S = 0.12
+"""Steps of these tiny models take 0.1-0.3 s on 2 cores shared by 4 ranks: a delay well above
+their noise."""
 BROKEN_STEPS = 8
 CFG = ex.ModelConfig()
 BATCH_SIZE = 8
 MICROBATCHES = 4
 DDP_WIDTH = 64
 STRAGGLER_KINDS = {"straggler_rank", "straggler_node", "gpu_throttling"}
-TAP_BREAK_TARGET = "stepscope.profiler.comm:tensors_bytes"
+TAP_BREAK_TARGET = "stepscope.profiler.tap:tensors_bytes"
 """What the tap calls for every collective it records; made to raise in the broken runs."""
+DDP_BREAK_TARGET = "stepscope.profiler.comm:CollectiveCall"
+"""DDP's all-reduces bypass the tap (C++ reducer): its step timer records them with this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +62,9 @@ class Case:
     delay_phase: str
     layout: ex.Layout = field(default_factory=ex.Layout)
     stage_named: bool = False
-    """A pipeline: the finding names the delayed rank's stage."""
+    """A pipeline: the finding names the delayed rank's stage, and its world group is "pp"
+    (watch(PipelineStage) labels it)."""
+    break_target: str = TAP_BREAK_TARGET
 
     def expected(self, rank: int) -> ex.Expected:
         if self.example == "ddp_train":
@@ -76,11 +83,15 @@ class Case:
             return ex.fsdp2(CFG, WORLD)
         return ex.fsdp_tp(CFG, self.layout, BATCH_SIZE)
 
+    @property
+    def world_dim(self) -> str | None:
+        return "pp" if self.stage_named else None
+
     def waited_in(self) -> set[str]:
         """Labels of the groups in which the delayed rank's peers wait for it."""
         roles = {role for role, _ in self.expected(self.delay_rank)}
         if roles == {"world"}:
-            return {group_label("0", None)}
+            return {group_label("0", self.world_dim)}
         # 2-D: the rank's tp peer and its dp_shard peer each wait about the delay.
         return roles
 
@@ -94,7 +105,7 @@ def _pp(schedule: str) -> tuple[str, ...]:
 
 
 CASES = [
-    Case("ddp", "ddp_train", _ddp("ddp"), 1, "backward"),
+    Case("ddp", "ddp_train", _ddp("ddp"), 1, "backward", break_target=DDP_BREAK_TARGET),
     Case("fsdp2", "fsdp2_train", (), 2, "forward"),
     Case("fsdp1", "fsdp2_train", ("--wrap", "fsdp1"), 3, "backward"),
     Case("tp", "fsdp_tp_train", ("--dp-shard", "1"), 1, "forward", ex.Layout(tp=4)),
@@ -137,6 +148,7 @@ def plan(case: Case) -> dict[str, Any]:
             *("--delay-s", str(DELAY_S), "--delay-from-step", str(DELAY_FROM_STEP)),
         ],
         "broken_steps": BROKEN_STEPS,
+        "break_target": case.break_target,
         # The tap breaks in the third step (or sooner, counting calls before the first).
         "break_after_calls": 2 * calls_per_step,
     }
@@ -154,7 +166,6 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch]:
             "url": server.url,
             "prefix": "par",
             "out": str(tmp / "out"),
-            "break_target": TAP_BREAK_TARGET,
             "cases": [plan(c) for c in cases],
         }
         (tmp / "plan.json").write_text(json.dumps(doc))
@@ -223,9 +234,12 @@ def test_stored_collectives_per_step_group_and_op_are_what_the_model_issues(
         assert groups[role]["ranks"] == members
         assert row["group_size"] == len(members)
         assert row["group_ranks"] == compact_ranks(members), row
-        assert row["mesh_dim"] == (None if role == "world" else role), row
+        assert row["mesh_dim"] == (case.world_dim if role == "world" else role), row
         assert row["busy_s"] > 0, row
-        assert row["wait_s"] is not None and 0 <= row["wait_s"] <= row["busy_s"] + 1e-6, row
+        assert row["wait_s"] is not None, row
+        # Not bounded by busy_s: the waiter wakes after the backend's thread stamped the
+        # completion, milliseconds later on a loaded machine.
+        assert row["wait_s"] >= 0, row
         first_seqs[row["step"], row["group"], row["op"]].add(row["first_seq"])
     # The members of a group agree on which of its calls a step's first one was.
     assert all(len(s) == 1 and None not in s for s in first_seqs.values()), first_seqs
@@ -240,7 +254,11 @@ def stored_findings(launch: Launch, job_id: str) -> list[Finding]:
         engine.dispose()
     [job] = read_rows(launch.server.db_url, "jobs", job_id)
     return analyze(
-        frames["steps"], collectives=frames["collectives"], ranks=frames["ranks"], job=job
+        frames["steps"],
+        collectives=frames["collectives"],
+        ranks=frames["ranks"],
+        job=job,
+        config=ANALYSIS,
     )
 
 
@@ -257,7 +275,8 @@ def test_a_rank_delayed_in_forward_or_backward_is_the_compute_straggler(
     launch: Launch, case: Case
 ) -> None:
     found = straggler(launch, case)
-    assert found.first_step is not None and found.first_step >= DELAY_FROM_STEP - 5
+    assert found.first_step is not None
+    assert found.first_step >= DELAY_FROM_STEP - 5
     assert found.evidence["comm_wait_s"]["rank"] < found.evidence["comm_wait_s"]["peers"]
 
 
@@ -282,7 +301,9 @@ def test_an_error_inside_the_tap_turns_it_off_and_training_goes_on(
     for rank, runs in enumerate(launch.results(case)):
         assert runs["broken"]["losses_hex"] == runs["plain"]["losses_hex"][:BROKEN_STEPS], rank
     events = read_rows(launch.server.db_url, "events", job_id)
-    reported = {e["rank"] for e in events if e["kind"] == "exception" and "injected" in e["message"]}
+    reported = {
+        e["rank"] for e in events if e["kind"] == "exception" and "injected" in e["message"]
+    }
     assert reported == set(range(WORLD)), events
     rows = read_rows(launch.server.db_url, "collectives", job_id)
     assert max((r["step"] for r in rows), default=-1) < 3, "the tap recorded after it failed"
