@@ -94,7 +94,10 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             prof.record(samples=tokens.shape[0], tokens=tokens.numel())
         losses.append(loss.item())
-    return summary(losses, model, time.perf_counter() - start, mesh_groups(mesh))
+    # The groups the DTensor parameters use: torch reuses an earlier mesh of the same layout
+    # for them (a second run in one process keeps the first run's tp groups).
+    used_mesh = model.blocks["0"].attn.wq.weight.device_mesh  # type: ignore[index,union-attr]
+    return summary(losses, model, time.perf_counter() - start, mesh_groups(used_mesh))
 
 
 if __name__ == "__main__":

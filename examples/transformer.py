@@ -204,8 +204,9 @@ def group_info(group: Any = None) -> dict[str, Any]:
 
 
 def mesh_groups(mesh: Any) -> dict[str, dict[str, Any]]:
-    """group_info of this rank's group along each named dim of a DeviceMesh."""
-    return {name: group_info(mesh.get_group(name)) for name in mesh.mesh_dim_names}
+    """group_info of this rank's group along each named dim of a DeviceMesh (from the sliced
+    mesh, `mesh[name]`, which is what parallelize_module and fully_shard are given)."""
+    return {name: group_info(mesh[name].get_group()) for name in mesh.mesh_dim_names}
 
 
 def summary(
