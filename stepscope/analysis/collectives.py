@@ -2,12 +2,15 @@
 
 A collective cannot complete before its last rank arrives, so the smallest busy time over
 ranks for a (step, op) is the best estimate of the transfer itself; busbw follows the
-nccl-tests conventions (stepscope.schema.busbw_factor).
+nccl-tests conventions (stepscope.schema.busbw_factor). A rank's rows of one op in several
+process groups (FSDP's all-gathers in its dp group, TP's in its tp group) are summed where a
+matrix per op is needed; slow_collective compares each op per group label.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +21,80 @@ from numpy.typing import NDArray
 from stepscope.analysis.config import AnalysisConfig
 from stepscope.analysis.grid import Grid, Ints, Matrix, nanmedian
 from stepscope.analysis.runs import offset, onset, runs
-from stepscope.schema import Finding, busbw_factor
+from stepscope.schema import DEFAULT_GROUP, Finding, busbw_factor, group_label
 
 _MAX_BYTES_RANKS = 64
+
+GROUP_COLUMNS: dict[str, type[pl.DataType]] = {
+    "group": pl.String,
+    "wait_s": pl.Float64,
+    "first_seq": pl.Int64,
+    "mesh_dim": pl.String,
+    "group_ranks": pl.String,
+}
+"""The per-group columns of collectives rows (stepscope.schema.COLLECTIVES), which rows of
+older profilers and files lack."""
+
+
+def with_groups(collectives: pl.DataFrame) -> pl.DataFrame:
+    """The rows with every per-group column: `group` DEFAULT_GROUP where absent or null, the
+    others null where absent."""
+    missing = [
+        pl.lit(DEFAULT_GROUP if c == "group" else None, dtype=t).alias(c)
+        for c, t in GROUP_COLUMNS.items()
+        if c not in collectives.columns
+    ]
+    rows = collectives.with_columns(missing) if missing else collectives
+    if rows["group"].null_count():
+        rows = rows.with_columns(pl.col("group").fill_null(DEFAULT_GROUP))
+    return rows
+
+
+def is_constant(column: pl.Series) -> bool:
+    """Every value equal to the first (nulls included): cheaper than hashing the strings."""
+    if column.len() == 0:
+        return True
+    first = column[0]
+    if first is None:
+        return column.null_count() == column.len()
+    return column.null_count() == 0 and not (column != first).any()
+
+
+def group_labels(collectives: pl.DataFrame) -> pl.Series:
+    """Each row's schema.group_label(group, mesh_dim), as a Series named `group`."""
+    rows = with_groups(collectives)
+    if is_constant(rows["group"]) and is_constant(rows["mesh_dim"]):
+        label = group_label(rows["group"][0], rows["mesh_dim"][0]) if rows.height else ""
+        return pl.Series("group", [label] * rows.height, dtype=pl.String)
+    pairs = rows.select("group", "mesh_dim").unique()
+    pairs = pairs.with_columns(
+        pl.Series(
+            "_label",
+            [group_label(g, m) for g, m in pairs.iter_rows()],
+            dtype=pl.String,
+        )
+    )
+    labelled = rows.select("group", "mesh_dim").join(
+        pairs, on=["group", "mesh_dim"], how="left", nulls_equal=True, maintain_order="left"
+    )
+    return labelled["_label"].alias("group")
+
+
+def summed_over_groups(collectives: pl.DataFrame) -> pl.DataFrame:
+    """One row per (rank, step, op): a rank's rows of an op in several groups summed (calls,
+    bytes, busy time; the largest group size), ordered by (rank, step, op)."""
+    if "group" not in collectives.columns or is_constant(collectives["group"]):
+        return collectives
+    return (
+        collectives.lazy()
+        .group_by("rank", "step", "op")
+        .agg(
+            pl.col("group_size").max(),
+            pl.col("count", "bytes", "busy_s").sum(),
+        )
+        .sort("rank", "step", "op")
+        .collect()
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,7 +125,9 @@ class OpGrid:
 
 
 def op_grids(collectives: pl.DataFrame, grid: Grid, start: int) -> list[OpGrid]:
-    """Each op of `collectives` placed on `grid`, keeping step rows from `start`."""
+    """Each op of `collectives` placed on `grid`, keeping step rows from `start` (a rank's
+    rows of an op in several groups summed)."""
+    collectives = summed_over_groups(collectives)
     op_column = collectives["op"]
     first_op = op_column[0]
     # Most jobs have one op: comparing with the first spares hashing millions of strings.
@@ -142,13 +218,22 @@ class CommEvidence:
 def slow_collective_findings(
     job_id: str, op_rollup: pl.DataFrame, first_step: int, config: AnalysisConfig
 ) -> list[Finding]:
-    """Steps from `first_step` where an op's busbw (per message size) fell far below its norm
-    or expectation; `op_rollup` is stepscope.analysis.rollups.op_rollup of the job."""
+    """Steps from `first_step` where an op's busbw (per message size) in a group label fell
+    far below its norm or expectation; `op_rollup` is stepscope.analysis.rollups.op_rollup of
+    the job (without a `group` column: every row is group "all").
+
+    The metric is "{op}.busbw_bps" (the group label in evidence["group"]), or
+    "{label}.{op}.busbw_bps" for an op the job runs in several group labels (DDP's all-reduce
+    in dp and TP's in tp), so that findings' keys stay distinct."""
     findings = []
     expected_bps = config.expected_busbw_bps or {}
     window = config.window_steps
     settled = op_rollup.filter(pl.col("step") >= first_step)
-    for (op,), rows in sorted(settled.partition_by("op", as_dict=True).items()):
+    if "group" not in settled.columns:
+        settled = settled.with_columns(pl.lit(group_label(None, None)).alias("group"))
+    parts = settled.partition_by("group", "op", as_dict=True)
+    labels_per_op = Counter(str(op) for _, op in parts)
+    for (label, op), rows in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         group_size = int(rows["group_size"].max() or 0)  # type: ignore[arg-type]
         factor = busbw_factor(str(op), group_size)
         if factor == 0:
@@ -192,13 +277,16 @@ def slow_collective_findings(
                         severity="critical" if effect <= -0.5 else "warning",
                         first_step=int(steps[positions[lo]]),
                         last_step=None if ongoing else int(steps[positions[hi]]),
-                        metric=f"{op}.busbw_bps",
+                        metric=f"{label}.{op}.busbw_bps"
+                        if labels_per_op[str(op)] > 1
+                        else f"{op}.busbw_bps",
                         expected=norm,
                         observed=observed,
                         effect=effect,
                         cause="communication",
                         evidence={
                             "op": op,
+                            "group": label,
                             "group_size": group_size,
                             "message_bytes_log2": int(size),
                             "message_bytes_at_least": message_bytes,

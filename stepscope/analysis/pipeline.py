@@ -9,6 +9,7 @@ incremental pass (stepscope.pipeline.job_pass) calls the same `segment_findings`
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from stepscope.analysis.collectives import (
 from stepscope.analysis.config import AnalysisConfig
 from stepscope.analysis.dataloader import dataloader_findings
 from stepscope.analysis.grid import Grid, Ints, Matrix, column_sample, rank_median
+from stepscope.analysis.groups import GroupEvidence
 from stepscope.analysis.rollups import op_rollup, step_rollup
 from stepscope.analysis.segments import SegmentPlan, stitch
 from stepscope.analysis.stragglers import Channel, StragglerInput, straggler_findings
@@ -55,6 +57,8 @@ NUMERIC_STEP_COLUMNS = tuple(c for c in _STEP_COLUMNS if c not in ("job_id", "no
 _MAX_REFERENCE_RANKS = 256
 
 Frame = pl.DataFrame | pl.LazyFrame
+Meshes = Mapping[int, Mapping[str, Any]]
+"""rank -> DeviceMesh coordinates {dim: [coordinate, size]} (stepscope.schema.RANKS mesh)."""
 
 
 def analyze(
@@ -69,7 +73,8 @@ def analyze(
     """All findings about one job: stragglers, data stalls, slow collectives, throughput, MFU.
 
     Frames use the canonical columns (stepscope.schema); lazy frames are read with only the
-    columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`.
+    columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`, its
+    DeviceMesh coordinates (a straggler's pipeline stage) from the `mesh` column of `ranks`.
     Job-level findings come from the job's rollups, rank-level ones segment by segment
     (stepscope.analysis.segments), as the server's incremental analysis does.
     """
@@ -98,6 +103,7 @@ def analyze(
     matrices = RankMatrices.of(steps_df, collectives_df, grid)
     times = StepTimes(steps_df, grid)
     nodes = Nodes(steps, ranks)
+    meshes = rank_meshes(ranks)
     per_segment = {}
     for k in range(plan.index(int(grid.steps[-1])) + 1):
         first, last = plan.span(k)
@@ -106,7 +112,7 @@ def analyze(
         if b > a:
             rows = SegmentRows(matrices=matrices.rows(a, b), times=times)
             per_segment[k] = segment_findings(
-                job_id, plan, k, rows, gpu, nodes=nodes, config=config
+                job_id, plan, k, rows, gpu, nodes=nodes, meshes=meshes, config=config
             )
     return _stamped(combined_findings(findings, plan, per_segment, config))
 
@@ -134,10 +140,11 @@ def segment_findings(
     gpu: Frame | GpuSource | None,
     *,
     nodes: Mapping[int, str],
+    meshes: Meshes | None = None,
     config: AnalysisConfig,
 ) -> list[Finding]:
     """The rank findings segment k owns (stepscope.analysis.segments), from its span's rows."""
-    found = _rank_findings(job_id, rows, gpu, nodes=nodes, config=config)
+    found = _rank_findings(job_id, rows, gpu, nodes=nodes, meshes=meshes, config=config)
     return plan.owned(k, found)
 
 
@@ -183,6 +190,8 @@ class RankMatrices:
     compute_given: bool
     """compute_s came with the steps (else it is derived from step_s, data_s, comm_wait_s)."""
     ops: list[OpGrid]
+    collectives: pl.DataFrame | None = None
+    """The collectives rows (of these steps or more): who waited for whom in each group."""
 
     @classmethod
     def of(
@@ -207,6 +216,8 @@ class RankMatrices:
         ops = []
         if collectives_df is not None and not collectives_df.is_empty():
             ops = op_grids(collectives_df, grid, 0)
+        else:
+            collectives_df = None
         return cls(
             ranks=grid.ranks,
             steps=grid.steps,
@@ -216,6 +227,7 @@ class RankMatrices:
             comm_wait_s=comm_wait_s,
             compute_given=compute_s is not None,
             ops=ops,
+            collectives=collectives_df,
         )
 
     def rows(self, a: int, b: int) -> RankMatrices:
@@ -229,6 +241,7 @@ class RankMatrices:
             comm_wait_s=None if self.comm_wait_s is None else self.comm_wait_s[a:b],
             compute_given=self.compute_given,
             ops=[op.rows(a, b) for op in self.ops],
+            collectives=self.collectives,
         )
 
 
@@ -239,13 +252,14 @@ def rank_findings(
     gpu: Frame | GpuSource | None,
     *,
     nodes: Mapping[int, str],
+    meshes: Meshes | None = None,
     config: AnalysisConfig,
 ) -> list[Finding]:
     """Stragglers and data stalls among the ranks over all of these steps (no warm-up skipped)."""
     if steps_df.is_empty():
         return []
     rows = SegmentRows.of(steps_df, collectives_df)
-    return _rank_findings(job_id, rows, gpu, nodes=nodes, config=config)
+    return _rank_findings(job_id, rows, gpu, nodes=nodes, meshes=meshes, config=config)
 
 
 def _rank_findings(
@@ -254,9 +268,11 @@ def _rank_findings(
     gpu: Frame | GpuSource | None,
     *,
     nodes: Mapping[int, str],
+    meshes: Meshes | None,
     config: AnalysisConfig,
 ) -> list[Finding]:
     m, times = rows.matrices, rows.times
+    m = m.rows(0, complete_steps(m.step_s))
     if m.steps.size < config.window_steps:
         return []
     stride = max(1, m.ranks.size // _MAX_REFERENCE_RANKS)
@@ -287,6 +303,8 @@ def _rank_findings(
             nodes=nodes,
             gpu_evidence=gpu_evidence,
             comm_evidence=CommEvidence(m.ops, m.steps, m.ranks) if m.ops else None,
+            group_evidence=GroupEvidence(m.collectives) if m.collectives is not None else None,
+            meshes=meshes or {},
         ),
         config,
     )
@@ -300,6 +318,24 @@ def _rank_findings(
         data_straggler_ranks={r for f in stragglers if f.cause == "data" for r in f.ranks},
         config=config,
     )
+
+
+def complete_steps(step_s: Matrix) -> int:
+    """How many leading steps to compare ranks over: the steps up to the last one reported by
+    as many ranks as the median step, so a live job's last steps, still arriving from some
+    ranks only, are left out.
+
+    A step reported by few ranks has its median from those few: a rank ahead of the others
+    sits near its own median there, one behind counts as typical (residual 0), either way
+    below its usual level against its peers, and the steps before look slower than its own
+    level — a rank with a small persistent offset became an "own"-reference straggler from
+    the first step after warm-up to shortly before the ragged tail.
+    """
+    reported = np.count_nonzero(~np.isnan(step_s), axis=1)
+    if reported.size == 0 or reported[-1] >= reported.max():
+        return int(reported.size)
+    typical = np.median(reported)
+    return int(np.flatnonzero(reported >= typical)[-1]) + 1
 
 
 def _schema(frame: Frame) -> pl.Schema:
@@ -368,6 +404,20 @@ class StepTimes:
                 .row(0)
             )
         return None if t0 is None or t1 is None else (float(t0), float(t1))
+
+
+def rank_meshes(ranks: Frame | None) -> dict[int, dict[str, Any]]:
+    """rank -> DeviceMesh coordinates, from the `mesh` column of a ranks frame (JSON text as
+    stored, or objects); ranks without one are left out."""
+    if ranks is None or "mesh" not in _schema(ranks):
+        return {}
+    frame = _select(ranks, ("rank", "mesh")).drop_nulls("mesh")
+    out: dict[int, dict[str, Any]] = {}
+    for rank, mesh in frame.iter_rows():
+        value = json.loads(mesh) if isinstance(mesh, str) else mesh
+        if isinstance(value, dict):
+            out[int(rank)] = {k: v for k, v in value.items() if v is not None}
+    return out
 
 
 class Nodes(Mapping[int, str]):

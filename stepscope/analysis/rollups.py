@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from stepscope.analysis.collectives import group_labels, is_constant, summed_over_groups
 from stepscope.analysis.grid import Grid
 
 Floats = NDArray[np.float64]
@@ -153,25 +154,29 @@ def _busbw_factor() -> pl.Expr:
 def op_rollup(
     collectives: pl.DataFrame, *, spread: bool = True, grid: Grid | None = None
 ) -> pl.DataFrame:
-    """Per (step, op): ranks, group size, median calls and bytes over ranks, busy time spread,
-    and bus bandwidth (per rank: bytes × factor / busy time) min and median over ranks.
+    """Per (step, group label, op): ranks, group size, median calls and bytes over ranks, busy
+    time spread, and bus bandwidth (per rank: bytes × factor / busy time) min and median over
+    ranks. The label (column `group`) is schema.group_label of the rows' group and mesh
+    dimension: every tp group rolls up as "tp", rows without a group as "all"; should a rank
+    have rows of one op in two groups of one label, they are summed.
 
     Without `spread`, only what slow_collective reads (no busy_s p50/max, no busbw). `grid`:
     the Grid of the job's steps, reused for ops whose rows have its layout.
     """
-    rows = collectives
-    if spread:
-        busbw = pl.col("bytes").cast(pl.Float64) * _busbw_factor() / pl.col("busy_s")
-        rows = rows.with_columns(pl.when(pl.col("busy_s") > 0).then(busbw).alias("_busbw"))
-    ops = rows["op"]
-    single = not (ops != ops[0]).any() if len(ops) else True
+    labels = group_labels(collectives)
+    rows = collectives.with_columns(labels.alias("_label"))
+    single = is_constant(labels) and is_constant(rows["op"])
     parts = []
     groups = (
-        [(ops[0], rows)]
-        if single and len(ops)
-        else sorted(((k[0], v) for k, v in rows.partition_by("op", as_dict=True).items()))
+        [((labels[0], rows["op"][0]), rows)]
+        if single and rows.height
+        else sorted(rows.partition_by("_label", "op", as_dict=True).items())
     )
-    for op, part in groups:
+    for (label, op), part in groups:
+        part = summed_over_groups(part)
+        if spread:
+            busbw = pl.col("bytes").cast(pl.Float64) * _busbw_factor() / pl.col("busy_s")
+            part = part.with_columns(pl.when(pl.col("busy_s") > 0).then(busbw).alias("_busbw"))
         rank, step = part["rank"].to_numpy(), part["step"].to_numpy()
         placed = None if grid is None else grid.placed(rank, step)
         if placed is not None and placed[1] is None:
@@ -186,6 +191,7 @@ def op_rollup(
         group_size = matrix("group_size")
         columns = {
             "step": op_grid.steps,
+            "group": [label] * op_grid.steps.size,
             "op": [op] * op_grid.steps.size,
             "num_ranks": (~np.isnan(group_size)).sum(axis=1),
             "group_size": _row_stats(group_size, ("max",))["max"],
@@ -197,15 +203,16 @@ def op_rollup(
         if spread:
             bandwidth = _row_stats(matrix("_busbw"), ("min", "p50"))
             columns.update({f"busbw_{a}_bps": v for a, v in bandwidth.items()})
-        frame = pl.DataFrame(columns).fill_nan(None)
+        frame = pl.DataFrame(columns, schema_overrides={"group": pl.String}).fill_nan(None)
         parts.append(frame.with_columns(pl.col("group_size").cast(pl.Int64)))
     if not parts:
         return pl.DataFrame(schema=_OP_ROLLUP_SCHEMA)
-    return pl.concat(parts).sort("step", "op")
+    return pl.concat(parts).sort("step", "group", "op")
 
 
 _OP_ROLLUP_SCHEMA = {
     "step": pl.Int64,
+    "group": pl.String,
     "op": pl.String,
     "num_ranks": pl.Int64,
     "group_size": pl.Int64,

@@ -40,6 +40,7 @@ from stepscope.analysis.grid import (
     nanmedian,
     rank_median,
 )
+from stepscope.analysis.groups import pipeline_stage
 from stepscope.analysis.rank_levels import Thresholds, slow_stretches
 from stepscope.schema import Cause, Finding, FindingKind
 
@@ -98,6 +99,10 @@ class StragglerInput:
     nodes: Mapping[int, str] = field(default_factory=dict)
     gpu_evidence: BatchEvidence | None = None
     comm_evidence: Evidence | None = None
+    group_evidence: Evidence | None = None
+    """The process group whose peers waited for the rank most (stepscope.analysis.groups)."""
+    meshes: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """rank -> its DeviceMesh coordinates {dim: [coordinate, size]}, where known."""
 
 
 def channel_episodes(
@@ -271,6 +276,13 @@ def _finding(
             kind = cause = "gpu_throttling"
     if cause == "communication" and data.comm_evidence is not None:
         evidence["collectives"] = data.comm_evidence(rank, first_step, last_step)
+    if data.group_evidence is not None and (
+        waited := data.group_evidence(rank, first_step, last_step)
+    ):
+        evidence["group"] = waited
+    stage = pipeline_stage(data.meshes.get(rank))
+    if stage is not None:
+        evidence["stage"] = stage
 
     return Finding(
         job_id=data.job_id,

@@ -42,9 +42,13 @@ OVERLAP_S = 5.0
 """Batches received this long before the watermark are read again: a batch's received_at is
 stamped when its transaction starts, so one may commit after a later-stamped one was read."""
 
-_COLLECTIVE_COLUMNS = ("rank", "step", "op", "group_size", "count", "bytes", "busy_s")
+_COLLECTIVE_COLUMNS = (
+    *("rank", "step", "group", "op", "group_size", "count", "bytes", "busy_s"),
+    *("first_seq", "mesh_dim", "group_ranks"),
+)
+"""Per group too: the rollups' labels, and who waited for whom (stepscope.analysis.groups)."""
 _ROLLUP_COLUMNS = [c.name for c in tables.step_rollups.c if c.name != "job_id"]
-_OP_COLUMNS = ["step", "op", "group_size", "count", "bytes", "busy_s_min"]
+_OP_COLUMNS = ["step", "group", "op", "group_size", "count", "bytes", "busy_s_min"]
 """What the job-level detectors read of the rollups."""
 _SEGMENTS_PER_READ = 8
 """Segments analysed from one read of raw rows (bounds the memory of a full pass)."""
@@ -266,6 +270,7 @@ class JobAnalyzer:
         b = state.bucket_steps
         rolled_up, pending = 0, None
         nodes, ranks = jobs.rank_nodes(self.engine, self.job_id)
+        meshes = jobs.rank_meshes(self.engine, self.job_id)
         for i, group in enumerate(groups):
             # This read's share of the dirty steps (the first also takes the warm-up's), and
             # what it must read: those steps' whole rank buckets and its segments' spans.
@@ -294,6 +299,7 @@ class JobAnalyzer:
                         SegmentRows.of(span_steps, collectives.filter(in_span)),
                         self._gpu_source(span_steps),
                         nodes=nodes,
+                        meshes=meshes,
                         config=self.config,
                     )
                 state.segments[k] = [f.to_dict() for f in found]

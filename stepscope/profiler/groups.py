@@ -29,6 +29,8 @@ class GroupInfo:
     """Members, compact (stepscope.schema.compact_ranks)."""
     seq: int = 0
     """Collectives issued in this group so far (send/recv not counted: they are pairwise)."""
+    completed_seq: int = 0
+    """The highest sequence number seen completed (the group's completed frontier)."""
 
 
 class GroupRegistry:

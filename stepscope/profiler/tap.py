@@ -124,6 +124,8 @@ class CollectiveTap:
             weakref.WeakKeyDictionary()
         )
         self._pending_tensors: dict[int, CollectiveCall] = {}
+        self.waiting: CollectiveCall | None = None
+        """The collective the training thread is blocked in now (for the hang watchdog)."""
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -273,14 +275,17 @@ class CollectiveTap:
     def _timed_wait(self, call: CollectiveCall, wait: Any, *args: Any, **kwargs: Any) -> Any:
         mark = self.clock.mark
         start = mark()
+        self.waiting = call
         try:
             return wait(*args, **kwargs)
         finally:
+            self.waiting = None
             try:
                 end = mark()
                 call.waits.append((start, end))
                 if call.end is None:
                     call.end = end
+                    _completed_seq(call)
             except Exception as exc:
                 self._fail(exc)
 
@@ -360,10 +365,16 @@ def _is_real(value: Any) -> bool:
     return type(value) is torch.Tensor
 
 
+def _completed_seq(call: CollectiveCall) -> None:
+    if call.seq is not None and call.seq > call.group.completed_seq:
+        call.group.completed_seq = call.seq
+
+
 def _completed(clock: Clock, call: CollectiveCall, _: Any) -> None:
     """A work's future completed (on the backend's thread): stamp the collective's end."""
     try:
         if call.end is None:
             call.end = clock.mark()
+            _completed_seq(call)
     except Exception:
         log.debug("stepscope could not time a collective", exc_info=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -39,3 +40,13 @@ def rank_nodes(engine: sa.Engine, job_id: str) -> tuple[dict[int, str], list[int
     named = ranks.drop_nulls("node")
     nodes = dict(zip(named["rank"].to_list(), named["node"].to_list(), strict=True))
     return nodes, ranks["rank"].to_list()
+
+
+def rank_meshes(engine: sa.Engine, job_id: str) -> dict[int, dict[str, list[int]]]:
+    """The DeviceMesh coordinates of the job's ranks that sent them: {dim: [coordinate, size]}."""
+    ranks = frames.read_frame(engine, "ranks", job_id, columns=["rank", "mesh"])
+    named = ranks.drop_nulls("mesh")
+    return {
+        int(rank): json.loads(mesh) if isinstance(mesh, str) else mesh
+        for rank, mesh in zip(named["rank"].to_list(), named["mesh"].to_list(), strict=True)
+    }

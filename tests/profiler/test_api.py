@@ -130,7 +130,7 @@ def test_single_process_run_records_steps_sections_data_flops_and_events(
 def test_a_profiler_bug_never_reaches_the_training_loop(
     live_server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: StepRecord, clock: object) -> object:
+    def broken(self: StepRecord, clock: object, mesh_dims: object) -> object:
         raise RuntimeError("injected profiler bug")
 
     monkeypatch.setattr(StepRecord, "to_rows", broken)
