@@ -22,6 +22,7 @@ from transformer import (
     add_common_args,
     build_model,
     delay_for,
+    group_info,
     lm_loss,
     mesh_groups,
     model_config,
@@ -94,10 +95,11 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             prof.record(samples=tokens.shape[0], tokens=tokens.numel())
         losses.append(loss.item())
-    # The groups the DTensor parameters use: torch reuses an earlier mesh of the same layout
-    # for them (a second run in one process keeps the first run's tp groups).
-    used_mesh = model.blocks["0"].attn.wq.weight.device_mesh  # type: ignore[index,union-attr]
-    return summary(losses, model, time.perf_counter() - start, mesh_groups(used_mesh))
+    # The tp groups are those the DTensor parameters use: torch hands a second mesh of the same
+    # layout in one process the first one's (fully_shard uses the new dp_shard groups).
+    used_mesh: Any = model.blocks["0"].attn.wq.weight.device_mesh  # type: ignore[union-attr]
+    groups = mesh_groups(mesh) | {"tp": group_info(used_mesh.get_group("tp"))}
+    return summary(losses, model, time.perf_counter() - start, groups)
 
 
 if __name__ == "__main__":

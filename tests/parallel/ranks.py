@@ -5,8 +5,8 @@ torchrun launch (one interpreter start-up per rank for all of them).
 
 PLAN.json: {"url", "prefix", "out", "cases": [{"name", "example", "argv", "delay": [flags...],
 "broken_steps": n, "break_target": "module:attr", "break_after_calls": n}, ...]}.
-Per case, on every rank: a run without stepscope (`--no-stepscope`), a profiled run with the
-delay flags (job `<prefix>-<name>`), and a profiled run of `broken_steps` steps in which
+Per case, on every rank: a profiled run with the delay flags (job `<prefix>-<name>`), a run
+without stepscope (`--no-stepscope`), and a profiled run of `broken_steps` steps in which
 `break_target` raises after `break_after_calls` calls (job `<prefix>-<name>-broken`). Each
 run's summary goes to OUT/<name>/rank<r>.json as soon as the case is done.
 """
@@ -79,13 +79,15 @@ def run_case(plan: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     parse_args, train = trainer(case["example"])
     job_id = f"{plan['prefix']}-{case['name']}"
     results: dict[str, Any] = {}
-    results["plain"] = train(parse_args([*case["argv"], "--no-stepscope"]), stepscope.Profiler())
-    dist.barrier()
+    # Profiled first: torch gives a later DeviceMesh of the same layout the first one's groups,
+    # and the profiler learns the mesh from the parameters (see fsdp_tp_train.py).
     args = parse_args([*case["argv"], *case["delay"]])
     prof = stepscope.init(job_id=job_id, url=plan["url"], flush_interval_s=0.5)
     results["profiled"] = train(args, prof)
     prof.close()
     results["profiled"]["enabled"] = prof.enabled
+    dist.barrier()
+    results["plain"] = train(parse_args([*case["argv"], "--no-stepscope"]), stepscope.Profiler())
     dist.barrier()
     args = parse_args([*case["argv"], "--steps", str(case["broken_steps"])])
     prof = stepscope.init(job_id=f"{job_id}-broken", url=plan["url"], flush_interval_s=0.5)
