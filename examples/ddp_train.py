@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,15 +44,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--mode",
-        choices=("ddp", "allreduce"),
+        choices=("ddp", "async", "compiled", "allreduce"),
         default="ddp",
-        help="ddp: train an MLP; allreduce: a loop of explicit dist.all_reduce calls",
+        help="ddp: train an MLP with DDP; async: without DDP, all-reducing each gradient with\n"
+        "async_op=True then wait(); compiled: without DDP, all-reducing the flattened\n"
+        "gradients in a torch.compile(fullgraph=True) function; allreduce: a loop of explicit\n"
+        "dist.all_reduce calls",
     )
+    p.add_argument("--compile-backend", default="aot_eager", help="torch.compile backend")
     p.add_argument("--allreduce-numel", type=int, default=1 << 18, help="floats per all_reduce")
     p.add_argument("--allreduce-per-step", type=int, default=4)
     p.add_argument("--flush-interval-s", type=float, default=0.5)
     p.add_argument("--spill-dir", default=None)
     p.add_argument("--break-profiler", action="store_true", help="make a profiler internal raise")
+    p.add_argument("--no-stepscope", action="store_true", help="train without stepscope at all")
     p.add_argument("--out", default=None, help="directory for a per-rank JSON summary")
     return p.parse_args(argv)
 
@@ -109,21 +116,31 @@ def break_profiler() -> None:
     steps.StepRecord.to_rows = broken  # type: ignore[method-assign,assignment]
 
 
-def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> dict[str, float]:
+def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> dict[str, Any]:
+    """Data-parallel training of the MLP: DDP, or (--mode async/compiled) gradients all-reduced
+    by hand after backward."""
     delayed = rank == args.delay_rank and args.delay_s > 0
     delay = {
         phase: args.delay_s if delayed and args.delay_phase == phase else 0.0 for phase in PHASES
     }
     torch.manual_seed(0)
     model = MLP(args.width, backward_delay_s=0.0)
-    ddp = DistributedDataParallel(model)
-    prof.watch(ddp)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    net: nn.Module = model
+    sync_gradients: Callable[[list[torch.Tensor]], None] | None = None
+    if args.mode == "ddp":
+        net = DistributedDataParallel(model)
+    elif args.mode == "async":
+        sync_gradients = all_reduce_async
+    else:
+        sync_gradients = compiled_all_reduce(args.compile_backend)
+    prof.watch(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
     data = SyntheticLoader(
         steps=args.steps, batch_size=args.batch_size, width=args.width, delay_s=delay["data"]
     )
     data.delay_from_step = args.delay_from_step
-    loss = torch.zeros(())
+    losses: list[float] = []
+    start = time.perf_counter()
     for step, (x, y) in enumerate(prof.wrap_dataloader(data)):
         active = step >= args.delay_from_step
         model.backward_delay_s = delay["backward"] if active else 0.0
@@ -131,9 +148,11 @@ def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> 
             with prof.section("forward"):
                 if delay["forward"] and active:
                     time.sleep(delay["forward"])
-                loss = nn.functional.mse_loss(ddp(x), y)
+                loss = nn.functional.mse_loss(net(x), y)
             with prof.section("backward"):
                 loss.backward()
+                if sync_gradients is not None:
+                    sync_gradients([p.grad for p in model.parameters() if p.grad is not None])
             with prof.section("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -142,7 +161,45 @@ def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> 
             prof.record(samples=x.shape[0], tokens=x.shape[0] * args.width)
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
-    return {"final_loss": float(loss.item())}
+        losses.append(loss.item())
+    hexes = [v.hex() for v in losses]
+    world = dist.group.WORLD
+    assert world is not None
+    return {
+        "groups": {"world": {"name": world.group_name, "ranks": list(range(world.size()))}},
+        "final_loss": losses[-1],
+        "final_loss_hex": hexes[-1],
+        "losses_hex": hexes,
+        "params_hex": float(sum(p.detach().double().sum() for p in model.parameters())).hex(),
+        "train_s": time.perf_counter() - start,
+    }
+
+
+def all_reduce_async(grads: list[torch.Tensor]) -> None:
+    """Average gradients across ranks: every all-reduce issued (async_op=True), then waited on."""
+    works = [dist.all_reduce(g, async_op=True) for g in grads]
+    for work in works:
+        work.wait()
+    for g in grads:
+        g.div_(dist.get_world_size())
+
+
+def compiled_all_reduce(backend: str) -> Callable[[list[torch.Tensor]], None]:
+    """Average gradients across ranks with one all-reduce of their concatenation, in a function
+    compiled whole (fullgraph=True: dynamo turns dist.all_reduce into a functional collective)."""
+    world_size = dist.get_world_size()
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def all_reduce_mean(flat: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(flat)
+        return flat / world_size
+
+    def sync(grads: list[torch.Tensor]) -> None:
+        flat = all_reduce_mean(torch.cat([g.reshape(-1) for g in grads]))
+        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))
+
+    return sync
 
 
 def train_allreduce(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, float]:
@@ -168,18 +225,22 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
     if args.break_profiler:
         break_profiler()
-    prof = stepscope.init(
-        job_id=args.job_id,
-        url=args.url,
-        flush_interval_s=args.flush_interval_s,
-        spill_dir=args.spill_dir,
-        attributes={"example": "ddp_train", "mode": args.mode},
+    prof = (
+        stepscope.Profiler()
+        if args.no_stepscope
+        else stepscope.init(
+            job_id=args.job_id,
+            url=args.url,
+            flush_interval_s=args.flush_interval_s,
+            spill_dir=args.spill_dir,
+            attributes={"example": "ddp_train", "mode": args.mode},
+        )
     )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"rank{rank}.started").touch()
     start = time.perf_counter()
-    if args.mode == "ddp":
+    if args.mode != "allreduce":
         summary = train_ddp(args, prof, rank)
     else:
         summary = train_allreduce(args, prof)
@@ -194,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(summary))
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)  # gloo sometimes aborts in interpreter teardown
 
 
