@@ -28,6 +28,7 @@ lint: venv
 bench: venv
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/profiler_overhead.py
+	$(BIN)/python benchmarks/collective_tap.py
 	$(BIN)/python benchmarks/analysis_scale.py
 	$(BIN)/python benchmarks/detection_quality.py
 
