@@ -109,9 +109,9 @@ CASES = [
     Case("ddp", "ddp_train", _ddp("ddp"), 1, "backward", break_target=DDP_BREAK_TARGET),
     Case("fsdp2", "fsdp2_train", (), 2, "forward"),
     Case("fsdp1", "fsdp2_train", ("--wrap", "fsdp1"), 3, "backward"),
-    # A TP step is the slowest here (DTensor dispatch on 2 cores): a longer delay.
+    # TP steps are the slowest here (DTensor dispatch on 2 cores) and noisiest: a longer delay.
     Case("tp", "fsdp_tp_train", ("--dp-shard", "1"), 1, "forward", ex.Layout(tp=4), 0.35),
-    Case("fsdp_tp", "fsdp_tp_train", ("--dp-shard", "2"), 3, "backward", ex.Layout(2, 2)),
+    Case("fsdp_tp", "fsdp_tp_train", ("--dp-shard", "2"), 3, "backward", ex.Layout(2, 2), 0.35),
     Case("pp_gpipe", "pipeline_train", _pp("gpipe"), 2, "forward", stage_named=True),
     Case("pp_1f1b", "pipeline_train", _pp("1f1b"), 1, "backward", stage_named=True),
     Case("async", "ddp_train", _ddp("async"), 2, "backward"),
@@ -238,19 +238,14 @@ def test_stored_collectives_per_step_group_and_op_are_what_the_model_issues(
         assert row["group_ranks"] == compact_ranks(members), row
         assert row["mesh_dim"] == (case.world_dim if role == "world" else role), row
         assert row["busy_s"] > 0, row
-        assert row["wait_s"] is not None, row
-        # Not bounded by busy_s: the waiter wakes after the backend's thread stamped the
-        # completion, milliseconds later on a loaded machine.
-        assert row["wait_s"] >= 0, row
+        # The waits lie inside the calls' spans (a completion stamped while the thread sat
+        # in its wait counts until the thread resumed).
+        assert 0 <= row["wait_s"] <= row["busy_s"] + 1e-6, row
         first_seqs[row["step"], row["group"], row["op"]].add(row["first_seq"])
-    # The members of a group agree on which of its calls a step's first one was. Send/recv
-    # are pairwise (no group sequence); DDP's step timer sees no individual all-reduce.
+    # The members of a group agree on which of its calls a step's first one was (DDP's step
+    # timer numbers its synchronising backwards). Send/recv are pairwise: no group sequence.
     for (step, group, op), seqs in first_seqs.items():
-        if (
-            op in ("send", "recv")
-            or case.example == "ddp_train"
-            and "--mode ddp" in " ".join(case.argv)
-        ):
+        if op in ("send", "recv"):
             assert seqs == {None}, (step, group, op, seqs)
         else:
             assert len(seqs) == 1, (step, group, op, seqs)
