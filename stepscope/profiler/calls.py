@@ -41,12 +41,18 @@ Record = Callable[[CollectiveCall], None]
 def tensor_bytes(tensor: Any) -> int:
     """Bytes of a tensor (0 for anything else)."""
     if isinstance(tensor, torch.Tensor):
-        return tensor.numel() * tensor.element_size()
+        return int(tensor.nbytes)
     return 0
 
 
 def tensors_bytes(tensors: Any) -> int:
     """Bytes of a tensor, or of a (nested) list of tensors."""
-    if isinstance(tensors, list | tuple):
-        return sum(tensors_bytes(t) for t in tensors)
-    return tensor_bytes(tensors)
+    # On every collective's path: a loop, not a generator, and no call per tensor.
+    if isinstance(tensors, torch.Tensor):
+        return int(tensors.nbytes)
+    if not isinstance(tensors, list | tuple):
+        return 0
+    total = 0
+    for item in tensors:
+        total += item.nbytes if isinstance(item, torch.Tensor) else tensors_bytes(item)
+    return total

@@ -86,7 +86,7 @@ but all_gather's, which is its output (group size × input)."""
 
 _P2P = frozenset({"send", "recv"})
 _MAX_PENDING = 4096
-"""Issued work whose wait is still to come; beyond it (work never waited on) the oldest go."""
+"""Functional collectives whose wait_tensor is still to come; beyond it the oldest go."""
 
 _installed: CollectiveTap | None = None
 
@@ -240,10 +240,8 @@ class CollectiveTap:
             if work is None:
                 call.end = self.clock.mark()
                 return
-            pending = self._pending_work
-            if len(pending) >= _MAX_PENDING:
-                pending.pop(next(iter(pending.keys())), None)
-            pending[work] = call
+            # Held weakly: work the caller drops without waiting leaves with it.
+            self._pending_work[work] = call
             options = args[-1] if args else None
             if getattr(options, "asyncOp", True) is False:
                 return  # synchronous: its wait follows at once and stamps the completion
