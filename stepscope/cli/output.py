@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 
 import typer
@@ -24,7 +25,9 @@ def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
         lines.append(f.text if isinstance(f, FindingRead) else finding_line(f))
         where = mesh_sentence(finding)
         if where:
-            lines.append(f"  {where}")
+            lines.append(
+                textwrap.fill(where, width=80, initial_indent="  ", subsequent_indent="  ")
+            )
     typer.echo("\n".join(lines) if lines else "no findings")
 
 

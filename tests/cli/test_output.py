@@ -33,8 +33,8 @@ def test_findings_say_the_stage_and_the_group_the_peers_waited_in(
     assert stored == read
     assert stored.splitlines() == [
         "critical rank 5 (stage 1) straggler since step 20 compute +32% job cost 23.1%",
-        "  Rank 5 (stage 1) is 32% slower in compute; its tp peers (ranks 4-5) waited for it, "
-        "12 ms per step.",
+        "  Rank 5 (stage 1) is 32% slower in compute; its tp peers (ranks 4-5) waited for",
+        "  it, 12 ms per step.",
     ]
 
 
@@ -58,7 +58,9 @@ def test_a_late_rank_s_line_and_sentence_from_the_analysis(
     engine.dispose()
 
     print_finding_lines([late])
-    line, where = capsys.readouterr().out.splitlines()
+    line, *wrapped = capsys.readouterr().out.splitlines()
     assert line.split()[1:3] == ["rank", str(LATE_RANK)]
-    assert where.startswith(f"  Rank {LATE_RANK} is ")
+    assert all(len(part) <= 80 and part.startswith("  ") for part in wrapped)
+    where = " ".join(part.strip() for part in wrapped)
+    assert where.startswith(f"Rank {LATE_RANK} is ")
     assert where.endswith("its dp_shard peers (ranks 1-3:2) waited for it, 51.2 ms per step.")
