@@ -219,6 +219,7 @@ class ActiveProfiler(Profiler):
         self._section: str | None = None
         self._phase: str | None = None
         self._phase_changed_at: float | None = None
+        self._first_step: int | None = None
         self._ended_step: int | None = None
         self._ended_at: float | None = None
         self._main_thread_id = threading.get_ident()
@@ -426,6 +427,8 @@ class ActiveProfiler(Profiler):
             self._set_device(_current_device_type())
         start = self._pre_data_start if self._pre_data_start is not None else now
         index = self._next_index if index is None else index
+        if self._first_step is None:
+            self._first_step = index
         record = StepRecord(
             step=index,
             ts=time.time() - (now - start),
@@ -603,7 +606,8 @@ class ActiveProfiler(Profiler):
     def _training_state(self) -> TrainingState:
         """The progress marks the training thread stored (read by the watchdog thread)."""
         return TrainingState(
-            step=self._next_index - 1 if self._next_index > 0 else None,
+            step=self._next_index - 1 if self._first_step is not None else None,
+            first_step=self._first_step,
             ended_step=self._ended_step,
             ended_at=self._ended_at,
             section=self._section,

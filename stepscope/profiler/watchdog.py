@@ -69,6 +69,7 @@ class TrainingState:
 
     step: int | None
     """The last step entered (None before the first)."""
+    first_step: int | None
     ended_step: int | None
     """The last step that ended."""
     ended_at: float | None
@@ -201,10 +202,10 @@ class Watchdog:
         if signature != previous:
             self._last_progress = now
             self._signature = signature
-            if previous is not None and state.ended_at != previous[2] and state.ended_at:
+            if state.ended_step is not None and state.first_step is not None:
+                self._steps_done = state.ended_step - state.first_step + 1
+            if previous is not None and state.ended_at != previous[2]:
                 self._step_ended(state, previous[1], previous[2])
-            elif previous is None and state.ended_at is not None:
-                self._steps_done += 1
         self._phase = state.phase
         call = self._waiting()
         if call is not self._blocked_call:
@@ -218,10 +219,10 @@ class Watchdog:
     def _step_ended(
         self, state: TrainingState, previous_step: int | None, previous_at: float | None
     ) -> None:
+        """Note the step cycle time (step ends per second) since the last step end seen."""
         num_steps = 1
         if state.ended_step is not None and previous_step is not None:
             num_steps = max(1, state.ended_step - previous_step)
-        self._steps_done += num_steps
         if previous_at is not None and state.ended_at is not None:
             self._cycles_s.append((state.ended_at - previous_at) / num_steps)
             ordered = sorted(self._cycles_s)
