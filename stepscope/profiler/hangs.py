@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import re
 import urllib.error
 import urllib.request
@@ -74,6 +75,30 @@ def dump_file_name(job_id: str, rank: int, pid: int) -> str:
 def dump_header(identity: dict[str, Any], main_thread_id: int) -> str:
     """The first line of a rank's dump file: who wrote it and which thread is the training one."""
     return _HEADER_PREFIX + json.dumps({**identity, "main_thread": f"0x{main_thread_id:x}"}) + "\n"
+
+
+def last_report_path(dump_path: Path) -> Path:
+    """Where the watchdog keeps its last report next to the dump file (step, frontiers...)."""
+    return dump_path.with_suffix(".last.json")
+
+
+def write_last_report(dump_path: Path, report: dict[str, Any]) -> None:
+    """Replace the last report kept next to a dump file (never raises)."""
+    path = last_report_path(dump_path)
+    try:
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(report, separators=(",", ":")), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        log.debug("stepscope: could not keep the last report in %s", path, exc_info=True)
+
+
+def read_last_report(dump_path: Path) -> dict[str, Any] | None:
+    try:
+        report = json.loads(last_report_path(dump_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
 
 
 @dataclass(slots=True)

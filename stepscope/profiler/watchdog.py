@@ -16,6 +16,7 @@ never notices.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
@@ -36,7 +37,9 @@ from .hangs import (
     dump_file_name,
     dump_header,
     hangs_endpoint,
+    last_report_path,
     post_report,
+    write_last_report,
 )
 
 if TYPE_CHECKING:
@@ -59,6 +62,9 @@ LONG_S = 600.0
 _NUM_CYCLES = 256
 """Step cycle times the rolling p99 is taken over."""
 _MAX_FRAMES = 256
+MAX_FRONTIERS = 64
+MAX_TEXT_CHARS = 1024
+"""The server's limits on one report (frontiers, characters of a file name)."""
 _MAX_HTTP_TIMEOUT_S = 2.0
 _REARM_EVERY_S = 1.0
 
@@ -132,10 +138,12 @@ class Watchdog:
     def start(self) -> None:
         self._open_dump_file()
         self._thread.start()
+        atexit.register(self.stop)  # a rank that ends without close() did not die
 
     def stop(self, timeout_s: float = 0.0) -> None:
         """Stop the thread and faulthandler's timer; removes a dump file that stayed empty."""
         self._stop.set()
+        atexit.unregister(self.stop)
         with self._lock:
             self._close_dump_file()
         if (
@@ -236,14 +244,19 @@ class Watchdog:
         stalled_s = max(0.0, now - self._last_progress)
         call = self._blocked_call
         blocked = None
-        if call is not None:
+        if call is not None and call.seq is not None:  # send/recv have no sequence number
             blocked = {
                 "group": call.group.name,
                 "op": call.op,
                 "seq": call.seq,
                 "since_ts": _round(self._blocked_since_ts),
+                "bytes": call.num_bytes,
             }
         mesh_dims = self._groups.mesh_dims
+        groups = list(self._groups._by_name.values())
+        if len(groups) > MAX_FRONTIERS:  # the groups in flight first, then the busiest
+            groups.sort(key=lambda g: (g.seq > g.completed_seq, g.seq), reverse=True)
+            groups = groups[:MAX_FRONTIERS]
         frontiers = [
             {
                 "group": info.name,
@@ -253,7 +266,7 @@ class Watchdog:
                 "enqueued": info.seq,
                 "completed": info.completed_seq,
             }
-            for info in list(self._groups._by_name.values())
+            for info in groups
         ]
         stack = main_stack(self._main_thread_id) if kind == "hang" else None
         return {
@@ -273,11 +286,11 @@ class Watchdog:
         }
 
     def _send(self, kind: ReportKind, state: TrainingState, now: float) -> None:
+        report = self.report(kind, state, now)
+        if self._dump_path is not None:
+            write_last_report(self._dump_path, report)
         error = post_report(
-            self._endpoint,
-            self.report(kind, state, now),
-            token=self._token,
-            timeout_s=self._http_timeout_s,
+            self._endpoint, report, token=self._token, timeout_s=self._http_timeout_s
         )
         if error is None:
             self.num_reports[kind] += 1
@@ -335,6 +348,7 @@ class Watchdog:
             path = self._dump_path
             if path is None:
                 return
+            last_report_path(path).unlink(missing_ok=True)
             if path.stat().st_size <= self._dump_header_bytes:
                 path.unlink()
             else:  # it holds dumps of a stall this rank lived through: keep it, marked closed
@@ -352,7 +366,13 @@ def main_stack(thread_id: int, *, limit: int = _MAX_FRAMES) -> list[Frame] | Non
     frames: list[Frame] = []
     while frame is not None and len(frames) < limit:
         code = frame.f_code
-        frames.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name})
+        frames.append(
+            {
+                "file": code.co_filename[-MAX_TEXT_CHARS:],
+                "line": frame.f_lineno or 0,
+                "function": code.co_name[:MAX_TEXT_CHARS],
+            }
+        )
         frame = frame.f_back
     frames.reverse()
     return frames

@@ -74,7 +74,7 @@ def assert_wire_shape(report: dict[str, Any]) -> None:
     assert report["phase"] is None or isinstance(report["phase"], str)
     blocked = report["blocked"]
     if blocked is not None:
-        assert set(blocked) == {"group", "op", "seq", "since_ts"}
+        assert set(blocked) == {"group", "op", "seq", "since_ts", "bytes"}
     for frontier in report["frontiers"]:
         assert set(frontier) == FRONTIER_KEYS
     if report["kind"] == "heartbeat":
@@ -304,6 +304,7 @@ def test_two_gloo_ranks_name_the_collective_and_the_culprits_stack() -> None:
     assert waiter["blocked"]["op"] == "all_reduce"
     assert waiter["blocked"]["seq"] == 8
     assert waiter["blocked"]["group"] == "0"
+    assert waiter["blocked"]["bytes"] == 16
     assert waiter["blocked"]["since_ts"] <= waiter["ts"] - HANG_AFTER_S + 0.2
     [frontier] = waiter["frontiers"]
     assert frontier == {
