@@ -114,6 +114,7 @@ class Watchdog:
         self._lock = threading.Lock()
         """Guards faulthandler's timer between this thread (re-arm) and stop() (cancel)."""
         self._thread = threading.Thread(target=self._run, name="stepscope-watchdog", daemon=True)
+        self._pid = os.getpid()
         self._dump_dir = config.hang_dump_dir
         self._dump_path: Path | None = None
         self._dump_file: IO[str] | None = None
@@ -136,6 +137,7 @@ class Watchdog:
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._pid = os.getpid()
         self._open_dump_file()
         self._thread.start()
         atexit.register(self.stop)  # a rank that ends without close() did not die
@@ -144,6 +146,8 @@ class Watchdog:
         """Stop the thread and faulthandler's timer; removes a dump file that stayed empty."""
         self._stop.set()
         atexit.unregister(self.stop)
+        if os.getpid() != self._pid:  # a forked child: the timer and the file are the parent's
+            return
         with self._lock:
             self._close_dump_file()
         if (
@@ -152,10 +156,6 @@ class Watchdog:
             and threading.current_thread() is not self._thread
         ):
             self._thread.join(timeout_s)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive() and not self._stop.is_set()
 
     def hang_after_s(self) -> float:
         """The stall, in seconds, after which the rank reports a hang now."""
@@ -210,10 +210,8 @@ class Watchdog:
         if signature != previous:
             self._last_progress = now
             self._signature = signature
-            if state.ended_step is not None and state.first_step is not None:
-                self._steps_done = state.ended_step - state.first_step + 1
-            if previous is not None and state.ended_at != previous[2]:
-                self._step_ended(state, previous[1], previous[2])
+            if previous is None or state.ended_at != previous[2]:
+                self._step_ended(state, previous)
         self._phase = state.phase
         call = self._waiting()
         if call is not self._blocked_call:
@@ -224,12 +222,16 @@ class Watchdog:
                 self._blocked_since_ts = time.time() - (now - start)
         return state
 
-    def _step_ended(
-        self, state: TrainingState, previous_step: int | None, previous_at: float | None
-    ) -> None:
-        """Note the step cycle time (step ends per second) since the last step end seen."""
+    def _step_ended(self, state: TrainingState, previous: tuple[Any, ...] | None) -> None:
+        """Count the steps done and note the step cycle time since the last step end seen."""
+        if state.ended_step is None or state.first_step is None:
+            return
+        # Several steps may have ended between two looks; step indices the user gives may
+        # also start over (per epoch): the count only grows.
+        self._steps_done = max(self._steps_done + 1, state.ended_step - state.first_step + 1)
+        previous_step, previous_at = (None, None) if previous is None else previous[1:3]
         num_steps = 1
-        if state.ended_step is not None and previous_step is not None:
+        if previous_step is not None:
             num_steps = max(1, state.ended_step - previous_step)
         if previous_at is not None and state.ended_at is not None:
             self._cycles_s.append((state.ended_at - previous_at) / num_steps)
