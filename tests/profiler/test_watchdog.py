@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 import stepscope
 from stepscope.profiler.active import ActiveProfiler
-from stepscope.profiler.config import Config
+from stepscope.profiler.base import NULL_CONTEXT
+from stepscope.profiler.config import Config, build_config
 from stepscope.profiler.groups import GroupRegistry
 from stepscope.profiler.hangs import read_dump
 from stepscope.profiler.watchdog import FLOOR_S, LONG_S, STEP_MULTIPLE, TrainingState, Watchdog
@@ -319,3 +320,75 @@ def test_two_gloo_ranks_name_the_collective_and_the_culprits_stack() -> None:
     assert culprit["blocked"] is None
     assert culprit["frontiers"][0]["enqueued"] == culprit["frontiers"][0]["completed"] == 7
     assert culprit["stack"][-1]["function"] == "rank_1_sleeps_before_its_all_reduce"
+
+
+# ---- configuration and fail-open --------------------------------------------------------
+
+
+def test_hang_settings_come_from_stepscope_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_HANG_AFTER_S", "7.5")
+    monkeypatch.setenv("STEPSCOPE_HEARTBEAT_S", "3")
+    monkeypatch.setenv("STEPSCOPE_HANG_WATCHDOG", "0")
+    monkeypatch.setenv("STEPSCOPE_HANG_DUMP_DIR", "/tmp/dumps")
+    config = build_config()
+    assert (config.hang_after_s, config.heartbeat_s) == (7.5, 3.0)
+    assert (config.hang_watchdog, config.hang_dump_dir) == (False, "/tmp/dumps")
+    for bad in ({"hang_after_s": 0.0}, {"heartbeat_s": -1.0}):
+        with pytest.raises(ValueError, match="must be > 0"):
+            Config(**bad)
+
+
+def test_a_disabled_profiler_has_a_no_op_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_DISABLED", "1")
+    prof = stepscope.init(url="http://127.0.0.1:9")
+    assert prof.phase("checkpoint_save") is NULL_CONTEXT
+
+
+def test_a_watchdog_error_stops_the_watchdog_once_and_training_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken_state() -> TrainingState:
+        raise RuntimeError("boom")
+
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=broken_state,
+        groups=GroupRegistry(),
+        waiting=lambda: None,
+        main_thread_id=0,
+    )
+    watchdog.start()
+    watchdog._thread.join(2.0)
+    assert not watchdog._thread.is_alive()
+    errors = [r for r in caplog.records if "watchdog stopped" in r.getMessage()]
+    assert len(errors) == 1
+
+
+def test_a_broken_profiler_stops_its_watchdog_so_no_false_hang_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        warm_up(prof)
+        prof._fail(RuntimeError("internal error"))
+        warm_up(prof)  # no-ops now: no progress is stored
+        time.sleep(HANG_AFTER_S + 0.5)
+        prof.close()
+    assert reports(sink, "hang") == []
+
+
+def test_an_unreachable_server_never_reaches_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    prof = stepscope.init(
+        url="http://127.0.0.1:9", job_id="down-1", hang_after_s=0.5, heartbeat_s=0.2
+    )
+    assert isinstance(prof, ActiveProfiler)
+    warm_up(prof)
+    time.sleep(1.0)  # heartbeats and a hang report, all refused
+    started = time.monotonic()
+    prof.close()
+    assert time.monotonic() - started < 15
+    assert prof._watchdog is not None
+    assert not prof._watchdog._thread.is_alive()
