@@ -360,11 +360,17 @@ class Watchdog:
             log.debug("stepscope: could not tidy the dump file", exc_info=True)
 
 
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def main_stack(thread_id: int, *, limit: int = _MAX_FRAMES) -> list[Frame] | None:
-    """A thread's current Python stack, innermost last (its innermost `limit` frames)."""
+    """A thread's current Python stack, innermost last (its innermost `limit` frames), without
+    the profiler's own innermost frames."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+        frame = frame.f_back  # the tap's wrappers around a wait: not the training code's
     frames: list[Frame] = []
     while frame is not None and len(frames) < limit:
         code = frame.f_code
