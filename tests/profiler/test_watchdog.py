@@ -134,7 +134,7 @@ def test_a_stalled_rank_reports_its_stack_within_hang_after_s(
     # Repeated every heartbeat_s while the stall lasts, then a heartbeat once progress resumes.
     assert len(hangs) >= 3
     gaps_s = [b["ts"] - a["ts"] for a, b in zip(hangs, hangs[1:], strict=False)]
-    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.3 for gap in gaps_s), gaps_s
+    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.5 for gap in gaps_s), gaps_s
     after = [r for r in reports(sink) if r["ts"] > hangs[-1]["ts"]]
     assert after
     assert after[0]["kind"] == "heartbeat"
@@ -158,7 +158,7 @@ def test_heartbeats_arrive_every_heartbeat_s_while_training_progresses(
         assert beat["stalled_s"] < 0.5
     assert len(beats) >= int(2.5 / HEARTBEAT_S) - 1
     gaps_s = [b["ts"] - a["ts"] for a, b in zip(beats, beats[1:], strict=False)]
-    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.3 for gap in gaps_s), gaps_s
+    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.5 for gap in gaps_s), gaps_s
 
 
 def test_no_hang_during_a_declared_phase_nor_a_slow_first_step(
