@@ -596,12 +596,23 @@ class ActiveProfiler(Profiler):
                 groups=self._groups,
                 waiting=lambda: tap.waiting if tap is not None and tap.enabled else None,
                 main_thread_id=self._main_thread_id,
+                device_calls=self._device_calls,
             )
             watchdog.start()
             return watchdog
         except Exception:
             log.warning("stepscope: hang watchdog off after an error", exc_info=True)
             return None
+
+    def _device_calls(self) -> tuple[list[CollectiveCall], Callable[[Any], bool]] | None:
+        """On a device clock, the collectives not yet shipped (read by the watchdog thread)."""
+        clock = self._clock
+        if clock.name == "cpu":
+            return None
+        calls = list(self._calls)
+        for record in list(self._unresolved):
+            calls.extend(record.calls)
+        return calls, clock.is_ready
 
     def _training_state(self) -> TrainingState:
         """The progress marks the training thread stored (read by the watchdog thread)."""

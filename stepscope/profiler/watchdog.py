@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -69,6 +69,10 @@ _MAX_HTTP_TIMEOUT_S = 2.0
 _REARM_EVERY_S = 1.0
 
 
+DeviceCalls = Callable[[], "tuple[list[CollectiveCall], Callable[[Any], bool]] | None"]
+"""The collectives not yet shipped and the clock's is_ready, when the clock is a device's."""
+
+
 @dataclass(frozen=True, slots=True)
 class TrainingState:
     """What the training thread last stored about its progress (read, never waited for)."""
@@ -98,6 +102,7 @@ class Watchdog:
         groups: GroupRegistry,
         waiting: Callable[[], CollectiveCall | None],
         main_thread_id: int,
+        device_calls: DeviceCalls | None = None,
     ) -> None:
         assert config.url is not None
         self._hang_after_s = config.hang_after_s
@@ -110,6 +115,7 @@ class Watchdog:
         self._groups = groups
         self._waiting = waiting
         self._main_thread_id = main_thread_id
+        self._device_calls = device_calls
         self._stop = threading.Event()
         self._lock = threading.Lock()
         """Guards faulthandler's timer between this thread (re-arm) and stop() (cancel)."""
@@ -255,6 +261,7 @@ class Watchdog:
                 "bytes": call.num_bytes,
             }
         mesh_dims = self._groups.mesh_dims
+        unfinished = self._unfinished_on_device()
         groups = list(self._groups._by_name.values())
         if len(groups) > MAX_FRONTIERS:  # the groups in flight first, then the busiest
             groups.sort(key=lambda g: (g.seq > g.completed_seq, g.seq), reverse=True)
@@ -266,7 +273,7 @@ class Watchdog:
                 "group_ranks": info.ranks,
                 "size": info.size,
                 "enqueued": info.seq,
-                "completed": info.completed_seq,
+                "completed": min(info.completed_seq, unfinished.get(info.name, info.seq + 1) - 1),
             }
             for info in groups
         ]
@@ -286,6 +293,15 @@ class Watchdog:
             "stack": stack,
             "stack_source": "watchdog" if stack is not None else None,
         }
+
+    def _unfinished_on_device(self) -> dict[str, int]:
+        """Per group, the lowest sequence number not yet complete on the device (GPU only:
+        a CUDA work's future completes at enqueue, its end event when the device is done)."""
+        found = self._device_calls() if self._device_calls is not None else None
+        if found is None:
+            return {}
+        calls, is_ready = found
+        return lowest_unfinished_seqs(calls, is_ready)
 
     def _send(self, kind: ReportKind, state: TrainingState, now: float) -> None:
         report = self.report(kind, state, now)
@@ -358,6 +374,21 @@ class Watchdog:
                     marked.write(CLOSED_MARK)
         except OSError:
             log.debug("stepscope: could not tidy the dump file", exc_info=True)
+
+
+def lowest_unfinished_seqs(
+    calls: Iterable[CollectiveCall], is_ready: Callable[[Any], bool]
+) -> dict[str, int]:
+    """Per group name, the lowest sequence number among calls whose end has not happened."""
+    lowest: dict[str, int] = {}
+    for call in calls:
+        seq = call.seq
+        if seq is None or (call.end is not None and is_ready(call.end)):
+            continue
+        name = call.group.name
+        if seq < lowest.get(name, seq + 1):
+            lowest[name] = seq
+    return lowest
 
 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -18,8 +18,9 @@ import torch.distributed as dist
 import stepscope
 from stepscope.profiler.active import ActiveProfiler
 from stepscope.profiler.base import NULL_CONTEXT
+from stepscope.profiler.calls import CollectiveCall
 from stepscope.profiler.config import Config, build_config
-from stepscope.profiler.groups import GroupRegistry
+from stepscope.profiler.groups import GroupInfo, GroupRegistry
 from stepscope.profiler.hangs import read_dump
 from stepscope.profiler.watchdog import FLOOR_S, LONG_S, STEP_MULTIPLE, TrainingState, Watchdog
 from tests.profiler.http_sink import Sink, http_sink
@@ -392,3 +393,26 @@ def test_an_unreachable_server_never_reaches_training(monkeypatch: pytest.Monkey
     assert time.monotonic() - started < 15
     assert prof._watchdog is not None
     assert not prof._watchdog._thread.is_alive()
+
+
+def test_on_a_device_clock_the_completed_frontier_is_what_the_device_finished() -> None:
+    # CUDA work's futures complete at enqueue; the end events say when the GPU is done.
+    group = GroupInfo(name="0", size=2, ranks="0-1", seq=5, completed_seq=5)
+    groups = GroupRegistry()
+    groups._by_name["0"] = group
+    calls = [
+        CollectiveCall(op="all_reduce", group=group, num_bytes=4, start=0, end=end, seq=seq)
+        for seq, end in ((3, "done"), (4, "done"), (5, "running"))
+    ]
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=lambda: _state(9, 1.0),
+        groups=groups,
+        waiting=lambda: None,
+        main_thread_id=0,
+        device_calls=lambda: (calls, lambda mark: mark == "done"),
+    )
+    report = watchdog.report("heartbeat", _state(9, 1.0), time.perf_counter())
+    assert report["frontiers"][0]["enqueued"] == 5
+    assert report["frontiers"][0]["completed"] == 4
