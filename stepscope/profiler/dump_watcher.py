@@ -55,10 +55,12 @@ class DumpWatcher:
         self.exit_codes: dict[int, int] = {}
         """Exit statuses of ranks that are this process's own children, by pid."""
         self.num_reports = 0
+        self._started_at = time.time()
         self.owns_dir = False
         """The directory was made for this run (removed at the end when empty)."""
 
     def start(self) -> None:
+        self._started_at = time.time()
         self._thread.start()
 
     def stop(self) -> None:
@@ -80,11 +82,15 @@ class DumpWatcher:
     def poll(self) -> None:
         """Report new faulthandler dumps, and ranks that died without closing their file."""
         for path in sorted(self.dump_dir.glob("stepscope-*.txt")):
-            seen = self._seen.setdefault(path, _Seen())
             try:
-                size = path.stat().st_size
+                stat = path.stat()
             except OSError:  # closed and removed by its rank
                 continue
+            seen = self._seen.get(path)
+            if seen is None:
+                # A file from an earlier run in a directory the user gave is not ours to report.
+                seen = self._seen[path] = _Seen(died=stat.st_mtime < self._started_at - 1.0)
+            size = stat.st_size
             if seen.died:
                 continue
             dump = read_dump(path) if size != seen.size else None

@@ -3,6 +3,7 @@ holds the GIL, and ranks that died without closing their profiler."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stepscope.profiler.hangs import dump_header
 from stepscope.profiler.launcher import launch
 from tests.profiler.http_sink import http_sink
 
@@ -80,3 +82,16 @@ def test_a_rank_that_died_is_reported_with_its_last_state(
     err = capfd.readouterr().err
     assert "rank 0 (pid" in err
     assert "exit status -9" in err
+
+
+def test_files_left_by_an_earlier_run_are_not_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = tmp_path / "dumps" / "stepscope-old-rank0-1.txt"
+    old.parent.mkdir()
+    old.write_text(dump_header({"job_id": "old", "rank": 0, "pid": 999_999}, 1))
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    monkeypatch.setenv("STEPSCOPE_HANG_DUMP_DIR", str(old.parent))
+    with http_sink() as sink:
+        assert launch([sys.executable, "-c", "pass"], job_id="j", url=sink.url, token=None) == 0
+    assert sink.hangs == []
