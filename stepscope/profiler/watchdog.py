@@ -342,8 +342,9 @@ class Watchdog:
         self._rearm(time.perf_counter(), self.hang_after_s())
 
     def _rearm(self, now: float, threshold_s: float) -> None:
-        """Push faulthandler's dump back by threshold_s (at most once a second, or when the
-        threshold changed): it fires only when this thread stayed silent that long."""
+        """Push faulthandler's dump back by threshold_s and the HTTP timeout (at most once a
+        second, or when the threshold changed): it fires only when this thread stayed silent
+        that long."""
         if self._dump_file is None:
             return
         if threshold_s == self._armed_s and now - self._armed_at < min(
@@ -353,7 +354,10 @@ class Watchdog:
         with self._lock:
             if self._dump_file is None or self._stop.is_set():
                 return
-            faulthandler.dump_traceback_later(threshold_s, repeat=True, file=self._dump_file)
+            # The margin covers this thread's own waits (a slow POST): only silence fires it.
+            faulthandler.dump_traceback_later(
+                threshold_s + self._http_timeout_s, repeat=True, file=self._dump_file
+            )
         self._armed_at, self._armed_s = now, threshold_s
 
     def _close_dump_file(self) -> None:

@@ -31,7 +31,7 @@ TRAIN = textwrap.dedent(
     time.sleep(0.5)
     with prof.step():
         if sys.argv[1] == "gil":
-            holds_the_gil(3)
+            holds_the_gil(4)
         else:
             os.kill(os.getpid(), signal.SIGKILL)
     prof.close()
