@@ -41,7 +41,7 @@ TRAIN = textwrap.dedent(
 
 def _run(tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, Any]:
     monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
-    monkeypatch.delenv("STEPSCOPE_HANG_DUMP_DIR", raising=False)
+    monkeypatch.setenv("STEPSCOPE_HANG_DUMP_DIR", str(tmp_path / "dumps"))  # not in /tmp
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     with http_sink() as sink:
