@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import platform
+import threading
 import time
 import uuid
 from collections import deque
@@ -36,6 +37,7 @@ from .groups import GroupRegistry
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
+from .watchdog import TrainingState, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +105,25 @@ class _Step:
 class _Section:
     """Context manager for one section of the current step."""
 
-    __slots__ = ("_prof", "_name", "_start")
+    __slots__ = ("_prof", "_name", "_start", "_outer")
 
     def __init__(self, prof: ActiveProfiler, name: str) -> None:
         self._prof = prof
         self._name = name
         self._start: Any = None
+        self._outer: str | None = None
 
     def __enter__(self) -> None:
+        prof = self._prof
         try:
-            self._start = self._prof._clock.mark()
+            self._start = prof._clock.mark()
+            self._outer, prof._section = prof._section, self._name  # for the watchdog
         except Exception as exc:
-            self._prof._fail(exc)
+            prof._fail(exc)
 
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
+        prof._section = self._outer
         current = prof._current
         if current is None or self._start is None or prof._broken:
             return False
@@ -130,6 +136,28 @@ class _Section:
                 spans.append((self._start, end))
         except Exception as exc:
             prof._fail(exc)
+        return False
+
+
+class _Phase:
+    """Context manager for a declared phase (checkpointing, eval, compilation...)."""
+
+    __slots__ = ("_prof", "_name", "_outer")
+
+    def __init__(self, prof: ActiveProfiler, name: str) -> None:
+        self._prof = prof
+        self._name = name
+        self._outer: str | None = None
+
+    def __enter__(self) -> None:
+        prof = self._prof
+        self._outer, prof._phase = prof._phase, self._name
+        prof._phase_changed_at = time.perf_counter()
+
+    def __exit__(self, *_: object) -> Literal[False]:
+        prof = self._prof
+        prof._phase = self._outer
+        prof._phase_changed_at = time.perf_counter()
         return False
 
 
@@ -187,6 +215,15 @@ class ActiveProfiler(Profiler):
         self._flop_counter: Any = None
         self._watched: set[int] = set()
         self._step_timers: list[DdpStepTimer] = []
+        # What the watchdog reads (plain stores on the hot path).
+        self._section: str | None = None
+        self._phase: str | None = None
+        self._phase_changed_at: float | None = None
+        self._first_step: int | None = None
+        self._ended_step: int | None = None
+        self._ended_at: float | None = None
+        self._main_thread_id = threading.get_ident()
+        self._watchdog: Watchdog | None = None
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -226,6 +263,7 @@ class ActiveProfiler(Profiler):
             )
             self._tap.install()
         self._gpu_sampler = self._start_gpu_sampler()
+        self._watchdog = self._start_watchdog(source)
         if model is not None:
             self.watch(model)
 
@@ -240,6 +278,11 @@ class ActiveProfiler(Profiler):
         if self._broken:
             return NULL_CONTEXT
         return _Section(self, name)
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        if self._broken:
+            return NULL_CONTEXT
+        return _Phase(self, str(name))
 
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         if self._broken:
@@ -339,6 +382,8 @@ class ActiveProfiler(Profiler):
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop(timeout_s=1.0)
         try:
             if self._current is not None:
                 self._end_step(failed=failed)
@@ -392,6 +437,8 @@ class ActiveProfiler(Profiler):
             self._set_device(_current_device_type())
         start = self._pre_data_start if self._pre_data_start is not None else now
         index = self._next_index if index is None else index
+        if self._first_step is None:
+            self._first_step = index
         record = StepRecord(
             step=index,
             ts=time.time() - (now - start),
@@ -419,6 +466,7 @@ class ActiveProfiler(Profiler):
         self._current = None
         now = time.perf_counter()
         record.step_s = now - self._step_start
+        self._ended_step, self._ended_at = record.step, now
         record.calls, self._calls = self._calls, []
         if self._flop_counter is not None:
             self._stop_flop_count()
@@ -538,6 +586,56 @@ class ActiveProfiler(Profiler):
             log.warning("stepscope: GPU telemetry off after an error", exc_info=True)
             return None
 
+    def _start_watchdog(self, source: dict[str, Any]) -> Watchdog | None:
+        if not self.config.hang_watchdog:
+            return None
+        identity = {
+            "job_id": self.job_id,
+            "rank": source["rank"],
+            "incarnation": self.incarnation,
+            "node": source["node"],
+            "pid": source["pid"],
+            "world_size": self.env.world_size,
+        }
+        tap = self._tap
+        try:
+            watchdog = Watchdog(
+                config=self.config,
+                identity=identity,
+                state=self._training_state,
+                groups=self._groups,
+                waiting=lambda: tap.waiting if tap is not None and tap.enabled else None,
+                main_thread_id=self._main_thread_id,
+                device_calls=self._device_calls,
+            )
+            watchdog.start()
+            return watchdog
+        except Exception:
+            log.warning("stepscope: hang watchdog off after an error", exc_info=True)
+            return None
+
+    def _device_calls(self) -> tuple[list[CollectiveCall], Callable[[Any], bool]] | None:
+        """On a device clock, the collectives not yet shipped (read by the watchdog thread)."""
+        clock = self._clock
+        if clock.name == "cpu":
+            return None
+        calls = list(self._calls)
+        for record in list(self._unresolved):
+            calls.extend(record.calls)
+        return calls, clock.is_ready
+
+    def _training_state(self) -> TrainingState:
+        """The progress marks the training thread stored (read by the watchdog thread)."""
+        return TrainingState(
+            step=self._next_index - 1 if self._first_step is not None else None,
+            first_step=self._first_step,
+            ended_step=self._ended_step,
+            ended_at=self._ended_at,
+            section=self._section,
+            phase=self._phase,
+            phase_changed_at=self._phase_changed_at,
+        )
+
     def _tap_failed(self, exc: BaseException) -> None:
         """Collective timing (the tap or DDP's) turned itself off: say so (training and the
         rest go on)."""
@@ -552,6 +650,8 @@ class ActiveProfiler(Profiler):
             return
         self._broken = True
         self._current = None
+        if self._watchdog is not None:  # no progress is stored any more: no false hangs
+            self._watchdog.stop()
         log.exception("stepscope: internal error, profiling is off for this rank", exc_info=exc)
         if self._tap is not None:
             self._tap.enabled = False

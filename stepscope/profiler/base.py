@@ -42,6 +42,11 @@ class Profiler:
         """Context manager timing a part of the step: forward, backward, optimizer, h2d, or any."""
         return NULL_CONTEXT
 
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """Context manager around a declared phase (checkpoint_save, checkpoint_load, eval,
+        compile, or any name): hang detection waits much longer while it lasts."""
+        return NULL_CONTEXT
+
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         """The loader, iterating as before, with the time blocked in next() counted as data_s."""
         return loader

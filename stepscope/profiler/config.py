@@ -97,8 +97,33 @@ class Config:
     time, for a Python call and a future callback per bucket (35-50 us each on CPU) and
     one more pass over the gradients. "off": not timed."""
 
+    hang_watchdog: bool = True
+    """Run the progress watchdog: heartbeats, and hang reports with the training thread's
+    stack when the rank makes no progress for hang_after_s (POST /v1/hangs)."""
+
+    hang_after_s: float | None = None
+    """Seconds without progress (a step ending, a section or phase changing, a collective
+    completing) after which the rank reports a hang. None: adaptive, 5 x the rolling p99 of
+    the step time, at least 5 s. Whatever it is, 600 s during the first 5 steps and inside
+    declared phases (prof.phase(name))."""
+
+    heartbeat_s: float = 2.0
+    """How often the watchdog reports (a heartbeat, or the hang while it lasts), in seconds."""
+
+    hang_dump_dir: str | None = None
+    """Directory of the per-rank files faulthandler writes the stacks to when the training
+    thread holds the GIL and the watchdog cannot run; `stepscope run` sets it and ships
+    them. None: no such files."""
+
     def __post_init__(self) -> None:
-        for name in ("flush_interval_s", "gpu_interval_s", "http_timeout_s", "backoff_max_s"):
+        for name in (
+            "flush_interval_s",
+            "gpu_interval_s",
+            "http_timeout_s",
+            "backoff_max_s",
+            "hang_after_s",
+            "heartbeat_s",
+        ):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.close_timeout_s < 0:
@@ -143,7 +168,7 @@ def _parse_env(name: str, text: str) -> Any:
         return _parse_bool(text)
     if name in ("tokens_per_step", "samples_per_step") or isinstance(default, int):
         return int(text)
-    if name in ("peak_flops", "flush_interval_s") or isinstance(default, float):
+    if name in ("peak_flops", "flush_interval_s", "hang_after_s") or isinstance(default, float):
         return float(text)
     return text
 

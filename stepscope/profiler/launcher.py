@@ -8,10 +8,13 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+
+from .dump_watcher import DumpWatcher
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -45,7 +48,9 @@ def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: st
         raise ValueError(
             "no command to run: pass it after `--`, e.g. stepscope run -- torchrun ..."
         )
-    child = subprocess.Popen(list(cmd), env=child_env(cmd, job_id=job_id, url=url, token=token))
+    env = child_env(cmd, job_id=job_id, url=url, token=token)
+    watcher = _start_dump_watcher(env)
+    child = subprocess.Popen(list(cmd), env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_sent_it_to_the_child_too():
@@ -64,7 +69,39 @@ def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: st
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if watcher is not None:
+            watcher.exit_codes[child.pid] = child.returncode
+            watcher.stop()
+            if watcher.owns_dir:
+                _remove_if_empty(watcher.dump_dir)
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _start_dump_watcher(env: dict[str, str]) -> DumpWatcher | None:
+    """Give the ranks a directory for their faulthandler dumps, and ship what lands there as
+    hang reports (ranks holding the GIL, ranks that died); None without a collector URL."""
+    url = env.get("STEPSCOPE_URL")
+    if not url or env.get("STEPSCOPE_DISABLED", "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    if env.get("STEPSCOPE_HANG_WATCHDOG", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    owns_dir = not env.get("STEPSCOPE_HANG_DUMP_DIR")
+    if owns_dir:
+        env["STEPSCOPE_HANG_DUMP_DIR"] = tempfile.mkdtemp(prefix="stepscope-hangs-")
+    watcher = DumpWatcher(
+        dump_dir=Path(env["STEPSCOPE_HANG_DUMP_DIR"]), url=url, token=env.get("STEPSCOPE_TOKEN")
+    )
+    watcher.owns_dir = owns_dir
+    watcher.start()
+    return watcher
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove the dump directory `stepscope run` made, unless a rank left a dump in it."""
+    try:
+        directory.rmdir()
+    except OSError:
+        sys.stderr.write(f"stepscope: the ranks' stack dumps are kept in {directory}\n")
 
 
 def _terminal_sent_it_to_the_child_too() -> bool:

@@ -1,4 +1,5 @@
-"""A loopback HTTP endpoint that answers /v1/ingest with scripted statuses and keeps the bodies.
+"""A loopback HTTP endpoint that answers /v1/ingest with scripted statuses and keeps the bodies
+(and keeps the profiler's /v1/hangs reports apart, always answered 200).
 
 For the shipper's failure paths (5xx, 4xx, dropped connections) that a healthy collector
 never produces; the happy path is tested against the real collector.
@@ -24,6 +25,8 @@ class Sink:
     received: list[dict[str, Any]] = field(default_factory=list)
     """Every request body (decoded), whatever the answer."""
     body_bytes: list[int] = field(default_factory=list)
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    """Every /v1/hangs report (heartbeats and hangs), decoded, in arrival order."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def accepted(self) -> list[dict[str, Any]]:
@@ -45,12 +48,21 @@ def http_sink() -> Iterator[Sink]:
             if self.headers.get("Content-Encoding") == "gzip":
                 raw = gzip.decompress(raw)
             body = json.loads(raw)
+            if self.path == "/v1/hangs":
+                with sink.lock:
+                    sink.hangs.append(body)
+                self._reply(200, json.dumps({"ok": True}))
+                return
             with sink.lock:
                 status = sink.statuses.pop(0) if sink.statuses else 200
                 body["_status"] = status
                 sink.received.append(body)
                 sink.body_bytes.append(int(self.headers["Content-Length"]))
-            reply = json.dumps({"duplicate": False} if status == 200 else {"detail": "x"})
+            self._reply(
+                status, json.dumps({"duplicate": False} if status == 200 else {"detail": "x"})
+            )
+
+        def _reply(self, status: int, reply: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(reply)))

@@ -1,0 +1,168 @@
+"""Hang reports on the wire (POST /v1/hangs) and the faulthandler dump files they can come from.
+
+Stdlib only: the watchdog thread inside every rank and `stepscope run` (which may run
+without torch) both send reports; `stepscope run` also reads the per-rank dump files that
+`faulthandler` writes when a rank holds the GIL and its watchdog cannot run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+HANG_SCHEMA_VERSION = 1
+ReportKind = Literal["heartbeat", "hang"]
+StackSource = Literal["watchdog", "faulthandler"]
+
+Frame = dict[str, Any]
+"""One stack frame on the wire: {"file": str, "line": int, "function": str}."""
+
+_HEADER_PREFIX = "# stepscope hang dump "
+CLOSED_MARK = "# stepscope closed\n"
+"""Appended when the profiler closes a file that holds dumps: the rank did not die."""
+_THREAD_LINE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>\S+)')
+_TIMEOUT_LINE = re.compile(
+    r"^Timeout \((?:(?P<d>\d+) days?, )?(?P<h>\d+):(?P<m>\d+):(?P<s>[\d.]+)\)!"
+)
+
+
+def hangs_endpoint(url: str) -> str:
+    return url.rstrip("/") + "/v1/hangs"
+
+
+def post_report(
+    endpoint: str, report: dict[str, Any], *, token: str | None, timeout_s: float
+) -> str | None:
+    """POST one report (gzip JSON); None when acknowledged, else what went wrong. Never raises."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        body = gzip.compress(json.dumps(report, separators=(",", ":")).encode(), compresslevel=1)
+        request = urllib.request.Request(endpoint, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+        return None
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = exc.read()[:300].decode(errors="replace")
+        except OSError:
+            detail = ""
+        return f"HTTP {exc.code}: {detail}"
+    except Exception as exc:  # URLError, timeouts, resets, bad status lines, bad values
+        return f"{type(exc).__name__}: {exc}"
+
+
+# ---- faulthandler dump files --------------------------------------------------------------
+
+
+def dump_file_name(job_id: str, rank: int, pid: int) -> str:
+    safe_job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    return f"stepscope-{safe_job_id}-rank{rank}-{pid}.txt"
+
+
+def dump_header(identity: dict[str, Any], main_thread_id: int) -> str:
+    """The first line of a rank's dump file: who wrote it and which thread is the training one."""
+    return _HEADER_PREFIX + json.dumps({**identity, "main_thread": f"0x{main_thread_id:x}"}) + "\n"
+
+
+def last_report_path(dump_path: Path) -> Path:
+    """Where the watchdog keeps its last report next to the dump file (step, frontiers...)."""
+    return dump_path.with_suffix(".last.json")
+
+
+def write_last_report(dump_path: Path, report: dict[str, Any]) -> None:
+    """Replace the last report kept next to a dump file (never raises)."""
+    path = last_report_path(dump_path)
+    try:
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(report, separators=(",", ":")), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        log.debug("stepscope: could not keep the last report in %s", path, exc_info=True)
+
+
+def read_last_report(dump_path: Path) -> dict[str, Any] | None:
+    try:
+        report = json.loads(last_report_path(dump_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+@dataclass(slots=True)
+class Dump:
+    """What a rank's dump file holds: the writer's identity and the dumps written so far."""
+
+    identity: dict[str, Any]
+    """job_id, rank, incarnation, node, pid, world_size, main_thread (hex)."""
+    num_dumps: int
+    timeout_s: float | None
+    """The delay faulthandler waited without a re-arm (the watchdog's silence), in seconds."""
+    stack: list[Frame] | None
+    """The training thread's stack in the last dump, innermost last."""
+    closed: bool
+    """The profiler closed the file (the rank ended its run)."""
+
+
+def read_dump(path: Path) -> Dump | None:
+    """Parse a rank's dump file; None when it is not one (no stepscope header)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith(_HEADER_PREFIX):
+        return None
+    try:
+        identity = json.loads(lines[0][len(_HEADER_PREFIX) :])
+    except ValueError:
+        return None
+    main_thread = int(str(identity.get("main_thread", "0x0")), 16)
+    num_dumps = 0
+    timeout_s: float | None = None
+    stack: list[Frame] | None = None
+    frames: list[Frame] | None = None
+    for line in lines[1:]:
+        timeout = _TIMEOUT_LINE.match(line)
+        if timeout is not None:
+            num_dumps += 1
+            timeout_s = (
+                int(timeout["d"] or 0) * 86400
+                + int(timeout["h"]) * 3600
+                + int(timeout["m"]) * 60
+                + float(timeout["s"])
+            )
+            frames = None
+            continue
+        thread = _THREAD_LINE.match(line)
+        if thread is not None:
+            frames = [] if int(thread[1], 16) == main_thread else None
+            if frames is not None:
+                stack = frames
+            continue
+        frame = _FRAME_LINE.match(line)
+        if frame is not None and frames is not None:
+            # faulthandler writes the most recent call first; the wire wants it last.
+            frames.insert(
+                0,
+                {"file": frame["file"], "line": int(frame["line"]), "function": frame["function"]},
+            )
+    return Dump(
+        identity=identity,
+        num_dumps=num_dumps,
+        timeout_s=timeout_s,
+        stack=stack,
+        closed=lines[-1] == CLOSED_MARK.strip(),
+    )

@@ -1,0 +1,425 @@
+"""The progress watchdog: a thread that notices when a rank stops making progress and says where.
+
+Progress is a step ending, a section or phase changing, or a collective completing. The
+training thread only stores what it already has (the step, the section, a timestamp); this
+thread polls those, the process groups' frontiers and the collective the training thread is
+blocked in. After `hang_after_s` without progress it captures the training thread's stack
+(`sys._current_frames()`: c10d's waits release the GIL) and POSTs a `hang` report to
+{url}/v1/hangs, then again every heartbeat_s while the hang lasts; otherwise a `heartbeat`
+every heartbeat_s, so that the server tells a silent rank from a busy one.
+
+When the training thread holds the GIL this thread cannot run: `faulthandler`'s C timer,
+re-armed here while this thread runs, then writes every thread's stack to a per-rank file
+that `stepscope run` ships. Any internal error stops the watchdog (logged once); training
+never notices.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .hangs import (
+    CLOSED_MARK,
+    HANG_SCHEMA_VERSION,
+    Frame,
+    ReportKind,
+    dump_file_name,
+    dump_header,
+    hangs_endpoint,
+    last_report_path,
+    post_report,
+    write_last_report,
+)
+
+if TYPE_CHECKING:
+    from .calls import CollectiveCall
+    from .config import Config
+    from .groups import GroupRegistry
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+"""How often the watchdog looks at the training thread's progress."""
+FLOOR_S = 5.0
+"""The adaptive threshold is never shorter than this, in seconds."""
+STEP_MULTIPLE = 5.0
+"""The adaptive threshold is this many times the rolling p99 of the step cycle time."""
+WARMUP_STEPS = 5
+"""Until this many steps ended (compilation, first collectives, caches) the threshold is long."""
+LONG_S = 600.0
+"""The threshold during the first steps and inside declared phases, in seconds."""
+_NUM_CYCLES = 256
+"""Step cycle times the rolling p99 is taken over."""
+_MAX_FRAMES = 256
+MAX_FRONTIERS = 64
+MAX_TEXT_CHARS = 1024
+"""The server's limits on one report (frontiers, characters of a file name)."""
+_MAX_HTTP_TIMEOUT_S = 2.0
+_REARM_EVERY_S = 1.0
+
+
+DeviceCalls = Callable[[], "tuple[list[CollectiveCall], Callable[[Any], bool]] | None"]
+"""The collectives not yet shipped and the clock's is_ready, when the clock is a device's."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingState:
+    """What the training thread last stored about its progress (read, never waited for)."""
+
+    step: int | None
+    """The last step entered (None before the first)."""
+    first_step: int | None
+    ended_step: int | None
+    """The last step that ended."""
+    ended_at: float | None
+    """When it ended (time.perf_counter)."""
+    section: str | None
+    phase: str | None
+    phase_changed_at: float | None
+    """When a phase last began or ended (time.perf_counter)."""
+
+
+class Watchdog:
+    """One rank's progress watchdog thread; start() it, stop() it at close."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        identity: dict[str, Any],
+        state: Callable[[], TrainingState],
+        groups: GroupRegistry,
+        waiting: Callable[[], CollectiveCall | None],
+        main_thread_id: int,
+        device_calls: DeviceCalls | None = None,
+    ) -> None:
+        assert config.url is not None
+        self._hang_after_s = config.hang_after_s
+        self._heartbeat_s = config.heartbeat_s
+        self._endpoint = hangs_endpoint(config.url)
+        self._token = config.token
+        self._http_timeout_s = min(config.http_timeout_s, _MAX_HTTP_TIMEOUT_S)
+        self._identity = identity
+        self._state = state
+        self._groups = groups
+        self._waiting = waiting
+        self._main_thread_id = main_thread_id
+        self._device_calls = device_calls
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        """Guards faulthandler's timer between this thread (re-arm) and stop() (cancel)."""
+        self._thread = threading.Thread(target=self._run, name="stepscope-watchdog", daemon=True)
+        self._pid = os.getpid()
+        self._dump_dir = config.hang_dump_dir
+        self._dump_path: Path | None = None
+        self._dump_file: IO[str] | None = None
+        self._dump_header_bytes = 0
+        self._armed_at = 0.0
+        self._armed_s = 0.0
+        # What the watchdog has seen so far (only its own thread touches these).
+        self._signature: tuple[Any, ...] | None = None
+        self._last_progress = time.perf_counter()
+        self._steps_done = 0
+        self._cycles_s: deque[float] = deque(maxlen=_NUM_CYCLES)
+        self._p99_s: float | None = None
+        self._phase: str | None = None
+        self._blocked_call: Any = None
+        self._blocked_since_ts: float | None = None
+        self._delivery_error: str | None = None
+        self.num_reports: dict[str, int] = {"heartbeat": 0, "hang": 0}
+        """Reports acknowledged by the server, by kind (for tests and benchmarks)."""
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._pid = os.getpid()
+        self._open_dump_file()
+        self._thread.start()
+        atexit.register(self.stop)  # a rank that ends without close() did not die
+
+    def stop(self, timeout_s: float = 0.0) -> None:
+        """Stop the thread and faulthandler's timer; removes a dump file that stayed empty."""
+        self._stop.set()
+        atexit.unregister(self.stop)
+        if os.getpid() != self._pid:  # a forked child: the timer and the file are the parent's
+            return
+        with self._lock:
+            self._close_dump_file()
+        if (
+            timeout_s > 0
+            and self._thread.is_alive()
+            and threading.current_thread() is not self._thread
+        ):
+            self._thread.join(timeout_s)
+
+    def hang_after_s(self) -> float:
+        """The stall, in seconds, after which the rank reports a hang now."""
+        base_s = self._hang_after_s if self._hang_after_s is not None else FLOOR_S
+        if self._steps_done < WARMUP_STEPS or self._phase is not None:
+            return max(base_s, LONG_S)
+        if self._hang_after_s is not None:
+            return self._hang_after_s
+        if self._p99_s is None:
+            return LONG_S
+        return max(FLOOR_S, STEP_MULTIPLE * self._p99_s)
+
+    # ---- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            hung = False
+            next_report = 0.0
+            while not self._stop.wait(POLL_S):
+                now = time.perf_counter()
+                state = self._observe(now)
+                threshold_s = self.hang_after_s()
+                self._rearm(now, threshold_s)
+                stalled_s = now - self._last_progress
+                if stalled_s >= threshold_s:
+                    if not hung or now >= next_report:
+                        self._send("hang", state, now)
+                        next_report = time.perf_counter() + self._heartbeat_s
+                    hung = True
+                elif hung or now >= next_report:  # progress resumed: say so at once
+                    hung = False
+                    self._send("heartbeat", state, now)
+                    next_report = time.perf_counter() + self._heartbeat_s
+        except Exception:
+            log.exception("stepscope: the hang watchdog stopped after an internal error")
+            self.stop()
+
+    def _observe(self, now: float) -> TrainingState:
+        """Read the training thread's state; note progress and step cycle times."""
+        state = self._state()
+        completed = tuple(info.completed_seq for info in list(self._groups._by_name.values()))
+        signature = (
+            state.step,
+            state.ended_step,
+            state.ended_at,
+            state.section,
+            state.phase,
+            state.phase_changed_at,
+            completed,
+        )
+        previous = self._signature
+        if signature != previous:
+            self._last_progress = now
+            self._signature = signature
+            if previous is None or state.ended_at != previous[2]:
+                self._step_ended(state, previous)
+        self._phase = state.phase
+        call = self._waiting()
+        if call is not self._blocked_call:
+            self._blocked_call = call
+            self._blocked_since_ts = time.time() if call is not None else None
+            start = getattr(call, "start", None)
+            if isinstance(start, float):  # the CPU clock's marks are perf_counter readings
+                self._blocked_since_ts = time.time() - (now - start)
+        return state
+
+    def _step_ended(self, state: TrainingState, previous: tuple[Any, ...] | None) -> None:
+        """Count the steps done and note the step cycle time since the last step end seen."""
+        if state.ended_step is None or state.first_step is None:
+            return
+        # Several steps may have ended between two looks; step indices the user gives may
+        # also start over (per epoch): the count only grows.
+        self._steps_done = max(self._steps_done + 1, state.ended_step - state.first_step + 1)
+        previous_step, previous_at = (None, None) if previous is None else previous[1:3]
+        num_steps = 1
+        if previous_step is not None:
+            num_steps = max(1, state.ended_step - previous_step)
+        if previous_at is not None and state.ended_at is not None:
+            self._cycles_s.append((state.ended_at - previous_at) / num_steps)
+            ordered = sorted(self._cycles_s)
+            self._p99_s = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+    # ---- reports --------------------------------------------------------------------------
+
+    def report(self, kind: ReportKind, state: TrainingState, now: float) -> dict[str, Any]:
+        """The wire report of this rank now (see hangs.py and the /v1/hangs spec)."""
+        wall_now = time.time()
+        stalled_s = max(0.0, now - self._last_progress)
+        call = self._blocked_call
+        blocked = None
+        if call is not None and call.seq is not None:  # send/recv have no sequence number
+            blocked = {
+                "group": call.group.name,
+                "op": call.op,
+                "seq": call.seq,
+                "since_ts": _round(self._blocked_since_ts),
+                "bytes": call.num_bytes,
+            }
+        mesh_dims = self._groups.mesh_dims
+        unfinished = self._unfinished_on_device()
+        groups = list(self._groups._by_name.values())
+        if len(groups) > MAX_FRONTIERS:  # the groups in flight first, then the busiest
+            groups.sort(key=lambda g: (g.seq > g.completed_seq, g.seq), reverse=True)
+            groups = groups[:MAX_FRONTIERS]
+        frontiers = [
+            {
+                "group": info.name,
+                "mesh_dim": mesh_dims.get(info.name),
+                "group_ranks": info.ranks,
+                "size": info.size,
+                "enqueued": info.seq,
+                "completed": min(info.completed_seq, unfinished.get(info.name, info.seq + 1) - 1),
+            }
+            for info in groups
+        ]
+        stack = main_stack(self._main_thread_id) if kind == "hang" else None
+        return {
+            "schema": HANG_SCHEMA_VERSION,
+            **self._identity,
+            "ts": _round(wall_now),
+            "kind": kind,
+            "step": state.step,
+            "section": state.section,
+            "phase": state.phase,
+            "last_progress_ts": _round(wall_now - stalled_s),
+            "stalled_s": _round(stalled_s),
+            "blocked": blocked,
+            "frontiers": frontiers,
+            "stack": stack,
+            "stack_source": "watchdog" if stack is not None else None,
+        }
+
+    def _unfinished_on_device(self) -> dict[str, int]:
+        """Per group, the lowest sequence number not yet complete on the device (GPU only:
+        a CUDA work's future completes at enqueue, its end event when the device is done)."""
+        found = self._device_calls() if self._device_calls is not None else None
+        if found is None:
+            return {}
+        calls, is_ready = found
+        return lowest_unfinished_seqs(calls, is_ready)
+
+    def _send(self, kind: ReportKind, state: TrainingState, now: float) -> None:
+        report = self.report(kind, state, now)
+        if self._dump_path is not None:
+            write_last_report(self._dump_path, report)
+        error = post_report(
+            self._endpoint, report, token=self._token, timeout_s=self._http_timeout_s
+        )
+        if error is None:
+            self.num_reports[kind] += 1
+            if self._delivery_error is not None:
+                log.info("stepscope: hang reports delivered again after: %s", self._delivery_error)
+                self._delivery_error = None
+        elif self._delivery_error is None:
+            log.warning("stepscope: hang report not delivered to %s: %s", self._endpoint, error)
+            self._delivery_error = error
+
+    # ---- faulthandler: the stack when this thread cannot run -------------------------------
+
+    def _open_dump_file(self) -> None:
+        if not self._dump_dir:
+            return
+        try:
+            directory = Path(self._dump_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / dump_file_name(
+                str(self._identity["job_id"]), int(self._identity["rank"]), os.getpid()
+            )
+            file = path.open("w", encoding="utf-8")
+            header = dump_header(self._identity, self._main_thread_id)
+            file.write(header)
+            file.flush()
+        except OSError as exc:
+            log.warning("stepscope: no faulthandler stack dumps (%s)", exc)
+            return
+        self._dump_path, self._dump_file = path, file
+        self._dump_header_bytes = len(header.encode())
+        self._rearm(time.perf_counter(), self.hang_after_s())
+
+    def _rearm(self, now: float, threshold_s: float) -> None:
+        """Push faulthandler's dump back by threshold_s and the HTTP timeout (at most once a
+        second, or when the threshold changed): it fires only when this thread stayed silent
+        that long."""
+        if self._dump_file is None:
+            return
+        if threshold_s == self._armed_s and now - self._armed_at < min(
+            _REARM_EVERY_S, threshold_s / 4
+        ):
+            return
+        with self._lock:
+            if self._dump_file is None or self._stop.is_set():
+                return
+            # The margin covers this thread's own waits (a slow POST): only silence fires it.
+            faulthandler.dump_traceback_later(
+                threshold_s + self._http_timeout_s, repeat=True, file=self._dump_file
+            )
+        self._armed_at, self._armed_s = now, threshold_s
+
+    def _close_dump_file(self) -> None:
+        file, self._dump_file = self._dump_file, None
+        if file is None:
+            return
+        try:
+            faulthandler.cancel_dump_traceback_later()
+            file.close()
+            path = self._dump_path
+            if path is None:
+                return
+            last_report_path(path).unlink(missing_ok=True)
+            if path.stat().st_size <= self._dump_header_bytes:
+                path.unlink()
+            else:  # it holds dumps of a stall this rank lived through: keep it, marked closed
+                with path.open("a", encoding="utf-8") as marked:
+                    marked.write(CLOSED_MARK)
+        except OSError:
+            log.debug("stepscope: could not tidy the dump file", exc_info=True)
+
+
+def lowest_unfinished_seqs(
+    calls: Iterable[CollectiveCall], is_ready: Callable[[Any], bool]
+) -> dict[str, int]:
+    """Per group name, the lowest sequence number among calls whose end has not happened."""
+    lowest: dict[str, int] = {}
+    for call in calls:
+        seq = call.seq
+        if seq is None or (call.end is not None and is_ready(call.end)):
+            continue
+        name = call.group.name
+        if seq < lowest.get(name, seq + 1):
+            lowest[name] = seq
+    return lowest
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def main_stack(thread_id: int, *, limit: int = _MAX_FRAMES) -> list[Frame] | None:
+    """A thread's current Python stack, innermost last (its innermost `limit` frames), without
+    the profiler's own innermost frames."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return None
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+        frame = frame.f_back  # the tap's wrappers around a wait: not the training code's
+    frames: list[Frame] = []
+    while frame is not None and len(frames) < limit:
+        code = frame.f_code
+        frames.append(
+            {
+                "file": code.co_filename[-MAX_TEXT_CHARS:],
+                "line": frame.f_lineno or 0,
+                "function": code.co_name[:MAX_TEXT_CHARS],
+            }
+        )
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,418 @@
+"""The progress watchdog: heartbeats, hang reports (stack, blocked collective, frontiers) on
+/v1/hangs, no false hangs in declared phases or slow first steps, faulthandler when the GIL
+is held."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import stepscope
+from stepscope.profiler.active import ActiveProfiler
+from stepscope.profiler.base import NULL_CONTEXT
+from stepscope.profiler.calls import CollectiveCall
+from stepscope.profiler.config import Config, build_config
+from stepscope.profiler.groups import GroupInfo, GroupRegistry
+from stepscope.profiler.hangs import read_dump
+from stepscope.profiler.watchdog import FLOOR_S, LONG_S, STEP_MULTIPLE, TrainingState, Watchdog
+from tests.profiler.http_sink import Sink, http_sink
+from tests.profiler.ranks import run_ranks
+
+HANG_AFTER_S = 1.0
+HEARTBEAT_S = 0.4
+REPORT_KEYS = {
+    "schema",
+    "job_id",
+    "rank",
+    "incarnation",
+    "node",
+    "pid",
+    "world_size",
+    "ts",
+    "kind",
+    "step",
+    "section",
+    "phase",
+    "last_progress_ts",
+    "stalled_s",
+    "blocked",
+    "frontiers",
+    "stack",
+    "stack_source",
+}
+FRONTIER_KEYS = {"group", "mesh_dim", "group_ranks", "size", "enqueued", "completed"}
+FRAME_KEYS = {"file", "line", "function"}
+
+
+def reports(sink: Sink, kind: str | None = None) -> list[dict[str, Any]]:
+    """The hang reports the sink received on /v1/hangs, in order (of one kind)."""
+    with sink.lock:
+        bodies = list(sink.hangs)
+    return [b for b in bodies if kind is None or b["kind"] == kind]
+
+
+def assert_wire_shape(report: dict[str, Any]) -> None:
+    assert set(report) == REPORT_KEYS
+    assert report["schema"] == 1
+    assert report["kind"] in ("heartbeat", "hang")
+    assert isinstance(report["job_id"], str)
+    assert isinstance(report["incarnation"], str)
+    assert isinstance(report["node"], str)
+    for key in ("rank", "pid", "world_size"):
+        assert isinstance(report[key], int)
+    for key in ("ts", "last_progress_ts", "stalled_s"):
+        assert isinstance(report[key], float)
+    assert report["last_progress_ts"] == pytest.approx(report["ts"] - report["stalled_s"], abs=0.01)
+    assert report["step"] is None or isinstance(report["step"], int)
+    assert report["section"] is None or isinstance(report["section"], str)
+    assert report["phase"] is None or isinstance(report["phase"], str)
+    blocked = report["blocked"]
+    if blocked is not None:
+        assert set(blocked) == {"group", "op", "seq", "since_ts", "bytes"}
+    for frontier in report["frontiers"]:
+        assert set(frontier) == FRONTIER_KEYS
+    if report["kind"] == "heartbeat":
+        assert report["stack"] is None
+        assert report["stack_source"] is None
+    else:
+        assert report["stack_source"] == "watchdog"
+        assert report["stack"]
+        for frame in report["stack"]:
+            assert set(frame) == FRAME_KEYS
+            assert isinstance(frame["line"], int)
+
+
+def start(sink: Sink, **options: Any) -> ActiveProfiler:
+    settings: dict[str, Any] = {"hang_after_s": HANG_AFTER_S, "heartbeat_s": HEARTBEAT_S}
+    prof = stepscope.init(url=sink.url, job_id="hang-1", **{**settings, **options})
+    assert isinstance(prof, ActiveProfiler)
+    return prof
+
+
+def warm_up(prof: stepscope.Profiler, num_steps: int = 6) -> None:
+    for _ in range(num_steps):
+        with prof.step(), prof.section("forward"):
+            time.sleep(0.01)
+
+
+def stalls_in_the_data_loader_forever(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_stalled_rank_reports_its_stack_within_hang_after_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        warm_up(prof)
+        with prof.step(), prof.section("data"):
+            stall_ts = time.time()
+            stalls_in_the_data_loader_forever(HANG_AFTER_S + 2.0)
+        warm_up(prof, 2)
+        time.sleep(HEARTBEAT_S * 2)
+        prof.close()
+    hangs = reports(sink, "hang")
+    assert hangs, "no hang report"
+    first = hangs[0]
+    assert_wire_shape(first)
+    assert first["ts"] - stall_ts <= HANG_AFTER_S + 1.0
+    assert first["stalled_s"] >= HANG_AFTER_S
+    assert first["stack"][-1]["function"] == "stalls_in_the_data_loader_forever"
+    assert first["stack"][-1]["file"] == __file__
+    assert first["blocked"] is None
+    assert first["frontiers"] == []
+    assert (first["rank"], first["world_size"], first["job_id"]) == (0, 1, "hang-1")
+    assert (first["step"], first["section"], first["phase"]) == (6, "data", None)
+    # Repeated every heartbeat_s while the stall lasts, then a heartbeat once progress resumes.
+    assert len(hangs) >= 3
+    gaps_s = [b["ts"] - a["ts"] for a, b in zip(hangs, hangs[1:], strict=False)]
+    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.5 for gap in gaps_s), gaps_s
+    after = [r for r in reports(sink) if r["ts"] > hangs[-1]["ts"]]
+    assert after
+    assert after[0]["kind"] == "heartbeat"
+    assert after[0]["stalled_s"] < HANG_AFTER_S
+
+
+def test_heartbeats_arrive_every_heartbeat_s_while_training_progresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            warm_up(prof, 1)
+        prof.close()
+    beats = reports(sink)
+    assert {r["kind"] for r in beats} == {"heartbeat"}
+    for beat in beats:
+        assert_wire_shape(beat)
+        assert beat["stalled_s"] < 0.5
+    assert len(beats) >= int(2.5 / HEARTBEAT_S) - 1
+    gaps_s = [b["ts"] - a["ts"] for a, b in zip(beats, beats[1:], strict=False)]
+    assert all(HEARTBEAT_S * 0.9 <= gap <= HEARTBEAT_S + 0.5 for gap in gaps_s), gaps_s
+
+
+def test_no_hang_during_a_declared_phase_nor_a_slow_first_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        with prof.step():  # compilation, first collectives...
+            time.sleep(HANG_AFTER_S + 1.5)
+        warm_up(prof)
+        with prof.phase("checkpoint_save"):
+            time.sleep(HANG_AFTER_S + 1.5)
+        warm_up(prof, 2)
+        time.sleep(HEARTBEAT_S)
+        prof.close()
+    all_reports = reports(sink)
+    assert [r for r in all_reports if r["kind"] == "hang"] == []
+    assert "checkpoint_save" in {r["phase"] for r in all_reports}
+    slow_first_step = [r for r in all_reports if r["step"] == 0 and r["phase"] is None]
+    assert max(r["stalled_s"] for r in slow_first_step) > HANG_AFTER_S
+
+
+def _state(step: int, ended_at: float, phase: str | None = None) -> TrainingState:
+    return TrainingState(
+        step=step,
+        first_step=0,
+        ended_step=step,
+        ended_at=ended_at,
+        section=None,
+        phase=phase,
+        phase_changed_at=None,
+    )
+
+
+@pytest.mark.parametrize(("step_s", "expected_s"), [(0.1, FLOOR_S), (2.0, STEP_MULTIPLE * 2.0)])
+def test_the_default_threshold_is_a_multiple_of_the_p99_step_time_with_a_floor(
+    step_s: float, expected_s: float
+) -> None:
+    states: list[TrainingState] = []
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=lambda: states[-1],
+        groups=GroupRegistry(),
+        waiting=lambda: None,
+        main_thread_id=0,
+    )
+    for step in range(4):
+        states.append(_state(step, step * step_s))
+        watchdog._observe(step * step_s)
+    assert watchdog.hang_after_s() == LONG_S  # the first steps
+    for step in range(4, 40):
+        states.append(_state(step, step * step_s))
+        watchdog._observe(step * step_s)
+    assert watchdog.hang_after_s() == pytest.approx(expected_s)
+    states.append(_state(39, 39 * step_s, phase="eval"))
+    watchdog._observe(40 * step_s)
+    assert watchdog.hang_after_s() == LONG_S
+
+
+def holds_the_gil(seconds: int) -> None:
+    ctypes.PyDLL(None).sleep(seconds)  # libc's sleep, called without releasing the GIL
+
+
+def test_a_rank_that_holds_the_gil_gets_its_stack_written_by_faulthandler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink, hang_dump_dir=str(tmp_path))
+        warm_up(prof)
+        time.sleep(0.3)  # the watchdog sees the first steps end and shortens the threshold
+        [path] = tmp_path.glob("*.txt")
+        assert read_dump(path) is not None
+        assert read_dump(path).num_dumps == 0  # type: ignore[union-attr]
+        with prof.step():
+            holds_the_gil(4)
+        dump = read_dump(path)
+        prof.close()
+    assert dump is not None
+    assert dump.num_dumps >= 1
+    assert dump.timeout_s == HANG_AFTER_S + 2.0  # and the watchdog's HTTP timeout
+    assert dump.stack is not None
+    assert dump.stack[-1]["function"] == "holds_the_gil"
+    assert dump.stack[-1]["file"] == __file__
+    assert dump.identity["rank"] == 0
+    assert dump.identity["pid"] == os.getpid()
+    assert read_dump(path).closed  # type: ignore[union-attr]
+
+
+def test_a_clean_run_leaves_no_dump_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink, hang_dump_dir=str(tmp_path))
+        warm_up(prof)
+        time.sleep(HANG_AFTER_S + 0.5)  # a stall the watchdog reports itself: no dump
+        prof.close()
+    assert list(tmp_path.iterdir()) == []
+    assert reports(sink, "hang")
+
+
+# ---- two gloo ranks: rank 1 stalls before an all_reduce ------------------------------------
+
+
+def rank_1_sleeps_before_its_all_reduce(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _gloo_rank(url: str, rank: int, port: int, queue: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    os.environ.pop("STEPSCOPE_DISABLED", None)
+    dist.init_process_group("gloo")
+    prof = stepscope.init(
+        url=url, job_id="hang-gloo", hang_after_s=HANG_AFTER_S, heartbeat_s=HEARTBEAT_S
+    )
+    tensor = torch.ones(4)
+    stall_ts = None
+    for step in range(10):
+        with prof.step():
+            if step == 7 and rank == 1:
+                stall_ts = time.time()
+                rank_1_sleeps_before_its_all_reduce(HANG_AFTER_S + 2.5)
+            dist.all_reduce(tensor)
+    prof.close()
+    dist.destroy_process_group()
+    queue.put({"rank": rank, "stall_ts": stall_ts})
+
+
+def test_two_gloo_ranks_name_the_collective_and_the_culprits_stack() -> None:
+    with http_sink() as sink:
+        results = run_ranks(functools.partial(_gloo_rank, sink.url), 2)
+    stall_ts = results[1]["stall_ts"]
+    hangs = {rank: [r for r in reports(sink, "hang") if r["rank"] == rank] for rank in (0, 1)}
+    waiter, culprit = hangs[0][0], hangs[1][0]
+    for report in (waiter, culprit):
+        assert_wire_shape(report)
+        assert report["world_size"] == 2
+        assert report["step"] == 7
+        assert report["ts"] - stall_ts <= HANG_AFTER_S + 2.0
+    # 7 all-reduces completed (steps 0-6); rank 0 sits in the 8th, rank 1 never issued it.
+    assert waiter["blocked"]["op"] == "all_reduce"
+    assert waiter["blocked"]["seq"] == 8
+    assert waiter["blocked"]["group"] == "0"
+    assert waiter["blocked"]["bytes"] == 16
+    assert waiter["blocked"]["since_ts"] <= waiter["ts"] - HANG_AFTER_S + 0.2
+    [frontier] = waiter["frontiers"]
+    assert frontier == {
+        "group": "0",
+        "mesh_dim": None,
+        "group_ranks": "0-1",
+        "size": 2,
+        "enqueued": 8,
+        "completed": 7,
+    }
+    assert waiter["stack"][-1]["function"] == "all_reduce"  # the tap's own frames left out
+    assert culprit["blocked"] is None
+    assert culprit["frontiers"][0]["enqueued"] == culprit["frontiers"][0]["completed"] == 7
+    assert culprit["stack"][-1]["function"] == "rank_1_sleeps_before_its_all_reduce"
+
+
+# ---- configuration and fail-open --------------------------------------------------------
+
+
+def test_hang_settings_come_from_stepscope_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_HANG_AFTER_S", "7.5")
+    monkeypatch.setenv("STEPSCOPE_HEARTBEAT_S", "3")
+    monkeypatch.setenv("STEPSCOPE_HANG_WATCHDOG", "0")
+    monkeypatch.setenv("STEPSCOPE_HANG_DUMP_DIR", "/tmp/dumps")
+    config = build_config()
+    assert (config.hang_after_s, config.heartbeat_s) == (7.5, 3.0)
+    assert (config.hang_watchdog, config.hang_dump_dir) == (False, "/tmp/dumps")
+    for bad in ({"hang_after_s": 0.0}, {"heartbeat_s": -1.0}):
+        with pytest.raises(ValueError, match="must be > 0"):
+            Config(**bad)
+
+
+def test_a_disabled_profiler_has_a_no_op_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_DISABLED", "1")
+    prof = stepscope.init(url="http://127.0.0.1:9")
+    assert prof.phase("checkpoint_save") is NULL_CONTEXT
+
+
+def test_a_watchdog_error_stops_the_watchdog_once_and_training_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken_state() -> TrainingState:
+        raise RuntimeError("boom")
+
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=broken_state,
+        groups=GroupRegistry(),
+        waiting=lambda: None,
+        main_thread_id=0,
+    )
+    watchdog.start()
+    watchdog._thread.join(2.0)
+    assert not watchdog._thread.is_alive()
+    errors = [r for r in caplog.records if "watchdog stopped" in r.getMessage()]
+    assert len(errors) == 1
+
+
+def test_a_broken_profiler_stops_its_watchdog_so_no_false_hang_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        warm_up(prof)
+        prof._fail(RuntimeError("internal error"))
+        warm_up(prof)  # no-ops now: no progress is stored
+        time.sleep(HANG_AFTER_S + 0.5)
+        prof.close()
+    assert reports(sink, "hang") == []
+
+
+def test_an_unreachable_server_never_reaches_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    prof = stepscope.init(
+        url="http://127.0.0.1:9", job_id="down-1", hang_after_s=0.5, heartbeat_s=0.2
+    )
+    assert isinstance(prof, ActiveProfiler)
+    warm_up(prof)
+    time.sleep(1.0)  # heartbeats and a hang report, all refused
+    started = time.monotonic()
+    prof.close()
+    assert time.monotonic() - started < 15
+    assert prof._watchdog is not None
+    assert not prof._watchdog._thread.is_alive()
+
+
+def test_on_a_device_clock_the_completed_frontier_is_what_the_device_finished() -> None:
+    # CUDA work's futures complete at enqueue; the end events say when the GPU is done.
+    group = GroupInfo(name="0", size=2, ranks="0-1", seq=5, completed_seq=5)
+    groups = GroupRegistry()
+    groups._by_name["0"] = group
+    calls = [
+        CollectiveCall(op="all_reduce", group=group, num_bytes=4, start=0, end=end, seq=seq)
+        for seq, end in ((3, "done"), (4, "done"), (5, "running"))
+    ]
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=lambda: _state(9, 1.0),
+        groups=groups,
+        waiting=lambda: None,
+        main_thread_id=0,
+        device_calls=lambda: (calls, lambda mark: mark == "done"),
+    )
+    report = watchdog.report("heartbeat", _state(9, 1.0), time.perf_counter())
+    assert report["frontiers"][0]["enqueued"] == 5
+    assert report["frontiers"][0]["completed"] == 4
