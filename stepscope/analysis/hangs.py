@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from stepscope import schema
 
@@ -37,8 +37,7 @@ CAUSE_OF_CLASS: dict[schema.HangClass, schema.Cause] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Frontier:
+class Frontier(NamedTuple):
     """A rank's view of one process group: its last enqueued and completed sequence numbers."""
 
     group: str
@@ -49,8 +48,7 @@ class Frontier:
     completed: int
 
 
-@dataclass(frozen=True, slots=True)
-class Blocked:
+class Blocked(NamedTuple):
     """The collective a rank's training thread sits in."""
 
     group: str
@@ -105,12 +103,12 @@ class RankReport:
             ),
             frontiers={
                 f["group"]: Frontier(
-                    group=f["group"],
-                    mesh_dim=f.get("mesh_dim"),
-                    group_ranks=f.get("group_ranks"),
-                    size=f.get("size"),
-                    enqueued=f["enqueued"],
-                    completed=f["completed"],
+                    f["group"],
+                    f.get("mesh_dim"),
+                    f.get("group_ranks"),
+                    f.get("size"),
+                    f["enqueued"],
+                    f["completed"],
                 )
                 for f in doc.get("frontiers") or ()
             },
@@ -148,15 +146,50 @@ class _Culprit:
 
 @dataclass(slots=True)
 class _Job:
-    """The reports indexed for the wait-for graph."""
+    """The reports indexed for the wait-for graph; group members found when first needed."""
 
     by_rank: dict[int, RankReport]
-    members: dict[str, set[int]]
-    mesh_dims: dict[str, str | None]
     at_point: dict[Point, list[int]]
     """Blocked ranks per (group, seq)."""
+    blocked_in: dict[str, int]
+    """A rank blocked in each group."""
     now_ts: float
+    _members: dict[str, list[int]] = field(default_factory=dict)
+    _mesh_dims: dict[str, str | None] = field(default_factory=dict)
+    _reporting: dict[str, set[int]] | None = None
     _missing: dict[Point, list[int]] = field(default_factory=dict)
+
+    def _describe(self, group: str) -> None:
+        """Members (from a compact group_ranks, else every rank that reports the group) and
+        mesh dimension of `group`."""
+        blocked_here = self.blocked_in.get(group)
+        frontier = None if blocked_here is None else self.by_rank[blocked_here].frontiers.get(group)
+        listed = None
+        if frontier is not None and frontier.group_ranks:
+            listed = schema.expand_ranks(frontier.group_ranks)
+        if listed is None:
+            if self._reporting is None:
+                self._reporting = defaultdict(set)
+                for report in self.by_rank.values():
+                    for name in report.frontiers:
+                        self._reporting[name].add(report.rank)
+            listed = sorted(self._reporting.get(group, ()))
+            if frontier is None:
+                frontier = next(
+                    (self.by_rank[r].frontiers[group] for r in listed if r in self.by_rank), None
+                )
+        self._members[group] = listed
+        self._mesh_dims[group] = frontier.mesh_dim if frontier is not None else None
+
+    def members(self, group: str) -> list[int]:
+        if group not in self._members:
+            self._describe(group)
+        return self._members[group]
+
+    def mesh_dim(self, group: str) -> str | None:
+        if group not in self._mesh_dims:
+            self._describe(group)
+        return self._mesh_dims[group]
 
     def missing(self, point: Point) -> list[int]:
         """Members of the group that have not enqueued `seq` (or never reported the group)."""
@@ -165,12 +198,12 @@ class _Job:
             return cached
         group, seq = point
         out = []
-        for m in self.members.get(group, ()):
-            report = self.by_rank.get(m)
+        by_rank = self.by_rank
+        for m in self.members(group):
+            report = by_rank.get(m)
             frontier = report.frontiers.get(group) if report else None
             if frontier is None or frontier.enqueued < seq:
                 out.append(m)
-        out.sort()
         self._missing[point] = out
         return out
 
@@ -183,25 +216,13 @@ class _Job:
 
 def _index(reports: Iterable[RankReport], now_ts: float) -> _Job:
     by_rank = {r.rank: r for r in reports}
-    members: dict[str, set[int]] = defaultdict(set)
-    mesh_dims: dict[str, str | None] = {}
-    expanded: set[str] = set()
     at_point: dict[Point, list[int]] = defaultdict(list)
+    blocked_in: dict[str, int] = {}
     for r in by_rank.values():
-        for name, f in r.frontiers.items():
-            members[name].add(r.rank)
-            if mesh_dims.get(name) is None:
-                mesh_dims[name] = f.mesh_dim
-            if name not in expanded and f.group_ranks:
-                expanded.add(name)
-                listed = schema.expand_ranks(f.group_ranks)
-                if listed:
-                    members[name].update(listed)
         if r.blocked is not None:
             at_point[(r.blocked.group, r.blocked.seq)].append(r.rank)
-    return _Job(
-        by_rank=by_rank, members=members, mesh_dims=mesh_dims, at_point=at_point, now_ts=now_ts
-    )
+            blocked_in.setdefault(r.blocked.group, r.rank)
+    return _Job(by_rank=by_rank, at_point=at_point, blocked_in=blocked_in, now_ts=now_ts)
 
 
 def resumed(report: RankReport, *, first_step: int | None, opened_ts: float) -> bool:
@@ -321,7 +342,7 @@ def _signature(job: _Job, rank: int) -> tuple[str, int | None]:
 def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit]:
     """Culprits at a collective every member entered: a minority signature, silent members,
     or the whole group."""
-    members = sorted(job.members.get(point[0], ()))
+    members = sorted(job.members(point[0]))
     quiet = [m for m in members if m in silent]
     if quiet:
         return [_Culprit(m, "silent", point) for m in quiet]
@@ -350,7 +371,7 @@ def _finding(
     chosen = sorted((c for c in culprits if c.hang_class == hang_class), key=lambda c: c.rank)
     primary = chosen[0]
     group, seq = primary.point
-    mesh_dim = job.mesh_dims.get(group)
+    mesh_dim = job.mesh_dim(group)
     waiting_here = job.at_point.get(primary.point, [])
     if hang_class == "mismatched":
         ops = Counter(_signature(job, r)[0] for r in waiting_here)
@@ -455,7 +476,7 @@ def _ranks_by_state(job: _Job | None, hang_ranks: list[int], silent: set[int]) -
             else:
                 by_point[(blocked.group, blocked.op, blocked.seq)].append(r)
         for (group, op, seq), ranks in sorted(by_point.items(), key=lambda kv: -len(kv[1])):
-            mesh_dim = job.mesh_dims.get(group)
+            mesh_dim = job.mesh_dim(group)
             label = f"{schema.group_label(group, mesh_dim)} {op} #{seq}"
             if label in waiting:
                 label = f"{label} ({group})"

@@ -83,6 +83,8 @@ class HangMonitor:
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
         self._resumed_ts: dict[str, float | None] = {}
+        self._reports: dict[str, dict[int, RankReport]] = {}
+        """Job → rank → latest report, parsed (kept by this thread, which alone writes them)."""
         self.attributed_at: dict[str, float] = {}
         """Job → wall time its latest attribution committed."""
         self._thread = threading.Thread(target=self._run, name="stepscope-hangs", daemon=True)
@@ -136,6 +138,11 @@ class HangMonitor:
         for row, future in group:
             future.set_result(None)
             job_id = row["job_id"]
+            cached = self._reports.get(job_id)
+            if cached is not None:
+                known = cached.get(row["rank"])
+                if known is None or known.ts <= row["ts"]:
+                    cached[row["rank"]] = RankReport.of(row)
             if job_id not in self._dirty:
                 self._dirty[job_id] = max(now, self._last_run.get(job_id, 0.0) + self._debounce_s)
 
@@ -158,12 +165,20 @@ class HangMonitor:
         with self._engine.begin() as conn:
             if job_id not in self._resumed_ts:
                 self._resumed_ts[job_id] = hang_reports.last_resumed_ts(conn, job_id)
-            rows = hang_reports.load_reports(conn, job_id)
-            state = _state(job_id, rows, self._silent_after_s, self._resumed_ts[job_id])
+            if job_id not in self._reports:
+                rows = hang_reports.load_reports(conn, job_id)
+                self._reports[job_id] = {row["rank"]: RankReport.of(row) for row in rows}
+            reports = list(self._reports[job_id].values())
+            state = attribute_hang(
+                job_id,
+                reports,
+                silent_after_s=self._silent_after_s,
+                ignore_hangs_before_ts=self._resumed_ts[job_id],
+            )
             stored = hang_reports.open_hang(conn, job_id)
             result: schema.Finding | None
             if stored is not None:
-                result, offered = self._follow(conn, stored, rows, state)
+                result, offered = self._follow(conn, stored, reports, state)
             elif state.finding is not None:
                 result = offered = self._opened(state.finding)
                 hang_reports.save_hang(conn, result, None)
@@ -189,22 +204,19 @@ class HangMonitor:
         self,
         conn: sa.Connection,
         stored: hang_reports.StoredHang,
-        rows: list[dict[str, Any]],
+        reports: list[RankReport],
         state: HangState,
     ) -> tuple[schema.Finding | None, schema.Finding | None]:
         """Close the open hang when progress resumed, else bring it up to date."""
         old = stored.finding
         opened_ts = old.evidence.get("opened_ts", old.evidence.get("since_ts", 0.0))
-        back = [
-            r
-            for r in map(RankReport.of, rows)
-            if resumed(r, first_step=old.first_step, opened_ts=opened_ts)
-        ]
+        back = [r for r in reports if resumed(r, first_step=old.first_step, opened_ts=opened_ts)]
         if back or not state.hanging:
             progress = [r.last_progress_ts or r.ts for r in back] or [
-                r["last_progress_ts"] or r["ts"] for r in rows if r["kind"] == "heartbeat"
+                r.last_progress_ts or r.ts for r in reports if r.kind == "heartbeat"
             ]
-            resumed_ts = min(progress) if progress else max(r["ts"] for r in rows)
+            clock_ts = max(r.ts for r in reports)
+            resumed_ts = min(progress) if progress else clock_ts
             since = old.evidence["since_ts"]
             steps = [r.step for r in back if r.step is not None]
             closed = replace(
@@ -215,12 +227,12 @@ class HangMonitor:
                     "closed_at": time.time(),
                     "resumed_ts": resumed_ts,
                     "time_lost_s": max(0.0, resumed_ts - since),
-                    "closed_clock_ts": max(r["ts"] for r in rows),
+                    "closed_clock_ts": clock_ts,
                 },
             )
             hang_reports.save_hang(conn, closed, stored.id)
             # Hang reports made before this moment (the job's clock) belong to this hang.
-            self._resumed_ts[old.job_id] = max(r["ts"] for r in rows)
+            self._resumed_ts[old.job_id] = clock_ts
             return None, None
         if state.finding is None:
             return old, None

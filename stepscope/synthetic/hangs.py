@@ -106,7 +106,10 @@ class Injected:
     op: str
     seq: int
     reports: list[dict[str, Any]]
-    """Reports in the order they would arrive (the culprits' interleaved)."""
+    """The hang reports, in the order they would arrive (the culprits' interleaved)."""
+    heartbeats: list[dict[str, Any]]
+    """The heartbeats every live rank sent before its watchdog declared the hang (5 s in,
+    the same state without stacks): send them first."""
 
 
 def report(
@@ -150,7 +153,7 @@ def heartbeats(
     layout: Layout, job_id: str, *, ts: float, step: int, base_seq: int
 ) -> list[dict[str, Any]]:
     """Every rank's heartbeat of a job making progress at `step`."""
-    seqs = {dim: (base_seq, base_seq) for dim in ("tp", "dp", "pp")}
+    seqs = dict.fromkeys(("tp", "dp", "pp"), (base_seq, base_seq))
     return [
         report(layout, job_id, r, ts=ts + r * 1e-6, kind="heartbeat", step=step, seqs=seqs)
         for r in range(layout.world_size)
@@ -229,6 +232,11 @@ def inject(
             )
         )
     rng.shuffle(reports)
+    before = [
+        {**doc, "kind": "heartbeat", "ts": doc["ts"] - 5.0, "stalled_s": doc["stalled_s"] - 5.0}
+        | {"last_progress_ts": doc["last_progress_ts"], "stack": None, "stack_source": None}
+        for doc in reports
+    ]
     primary = culprits[0]
     op = "all_reduce,all_gather" if hang_class == "mismatched" else "all_reduce"
     return Injected(
@@ -238,6 +246,7 @@ def inject(
         op=op,
         seq=s,
         reports=reports,
+        heartbeats=before,
     )
 
 
@@ -249,7 +258,7 @@ def checkpointing(
     s = base_seq + 1
     out = []
     for r in range(layout.world_size):
-        seqs = {dim: (base_seq, base_seq) for dim in ("tp", "dp", "pp")}
+        seqs = dict.fromkeys(("tp", "dp", "pp"), (base_seq, base_seq))
         if r == 0:
             out.append(
                 report(
