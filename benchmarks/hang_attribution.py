@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ingest import Conn  # noqa: E402
 from stepscope import schema  # noqa: E402
+from stepscope.analysis.hangs import RankReport, attribute_hang  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.synthetic.hangs import Layout, checkpointing, heartbeats, inject  # noqa: E402
@@ -100,21 +101,29 @@ def run_scale(
     async def go() -> None:
         conns = [Conn("127.0.0.1", port) for _ in range(num_conns)]
         prev_since: float | None = None
-        for k in range(num_hangs):
+        plan = [(classes[k % 4], 1 + k // 4 % 3) for k in range(num_hangs)]
+        for k, (hang_class, num_culprits) in enumerate(plan):
             t0 = 1_767_000_000.0 + 100.0 * k
             base_seq, step = 100 + 10 * k, 30 + k
-            hang_class = classes[k % 4]
             hang = inject(
                 layout,
                 job_id,
                 hang_class,
-                1 + k // 4 % 3,
+                num_culprits,
                 ts=t0 + 1,
                 step=step,
                 base_seq=base_seq,
                 rng=rng,
+                hang_after_s=3.0,
             )
-            progress = heartbeats(layout, job_id, ts=t0, step=step, base_seq=base_seq)
+            # The job makes progress (closing the previous hang); a rank about to freeze sends
+            # nothing more, so its latest report stays the previous hang's.
+            frozen = set(hang.culprits) if hang_class == "silent" else set()
+            progress = [
+                doc
+                for doc in heartbeats(layout, job_id, ts=t0, step=step, base_seq=base_seq)
+                if doc["rank"] not in frozen
+            ]
             for doc in progress:
                 doc["last_progress_ts"] = t0 - 0.1
             await post_all(conns, progress)
@@ -130,7 +139,6 @@ def run_scale(
                     out["closed"] += 1
                     lost = f.evidence["time_lost_s"]
                     out["lost_ok"] += abs(lost - (t0 - 0.1 - prev_since)) < 1e-6
-            await post_all(conns, hang.heartbeats)
             last = await post_all(conns, hang.reports)
             found = wait_until(
                 lambda: (
@@ -179,8 +187,14 @@ def false_hangs(server: RunningServer, world_size: int, num_conns: int) -> tuple
                 doc["blocked"] = {"group": group, "op": "all_reduce", "seq": k + 1, "since_ts": 1e9}
             await post_all(conns, docs)
         job = f"ckpt-{world_size}"
-        await post_all(conns, heartbeats(layout, job, ts=1e9, step=5, base_seq=50))
-        await post_all(conns, checkpointing(layout, job, ts=1e9 + 1, step=5, base_seq=50))
+        saving = checkpointing(layout, job, ts=1e9 + 1, step=5, base_seq=50)
+        # Every rank heartbeats while it waits, before its watchdog declares a hang.
+        waiting = [
+            {**d, "kind": "heartbeat", "ts": d["ts"] - 3, "stack": None, "stack_source": None}
+            for d in saving
+        ]
+        await post_all(conns, waiting)
+        await post_all(conns, saving)
         for c in conns:
             c.close()
 
@@ -193,10 +207,45 @@ def false_hangs(server: RunningServer, world_size: int, num_conns: int) -> tuple
     return counts[0], counts[1]
 
 
+def in_process(world_size: int, num_hangs: int, seed: int) -> dict[str, Any]:
+    """The same hangs through the attribution the server runs (stepscope.analysis.hangs),
+    without HTTP and the database: accuracy over many hangs, and the attribution's time."""
+    layout = LAYOUTS[world_size]
+    rng = random.Random(seed)
+    classes: list[schema.HangClass] = list(schema.HANG_CLASSES)
+    base = {d["rank"]: d for d in heartbeats(layout, "j", ts=0.0, step=30, base_seq=100)}
+    parsed = {r: RankReport.of(d) for r, d in base.items()}
+    out: dict[str, Any] = {"n": 0, "top1": 0, "exact_set": 0, "cls": 0, "coll": 0, "lat": []}
+    for k in range(num_hangs):
+        hang_class, num_culprits = classes[k % 4], 1 + k // 4 % 3
+        hang = inject(layout, "j", hang_class, num_culprits, ts=1.0, step=30, base_seq=100, rng=rng)
+        latest = dict(parsed)
+        latest.update((d["rank"], RankReport.of(d)) for d in hang.reports)
+        start = time.perf_counter()
+        state = attribute_hang("j", list(latest.values()), silent_after_s=6.0)
+        out["lat"].append(time.perf_counter() - start)
+        f = state.finding
+        out["n"] += 1
+        if f is None:
+            continue
+        e = f.evidence
+        out["top1"] += f.ranks[0] in hang.culprits
+        out["exact_set"] += f.ranks == hang.culprits
+        out["cls"] += e["class"] == hang_class
+        out["coll"] += (e["group_name"], e["op"], e["seq"]) == (hang.group, hang.op, hang.seq)
+    return out
+
+
+def figure(label: str, measured: object, goal: str) -> None:
+    print(f"{label:<56} {measured!s:>10} {goal:>10}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hangs-1024", type=int, default=480)
-    parser.add_argument("--hangs-16384", type=int, default=24)
+    parser.add_argument("--hangs-1024", type=int, default=40, help="through HTTP")
+    parser.add_argument("--hangs-16384", type=int, default=4, help="through HTTP")
+    parser.add_argument("--in-process-1024", type=int, default=500)
+    parser.add_argument("--in-process-16384", type=int, default=100)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
     args = parser.parse_args()
@@ -236,20 +285,41 @@ def main() -> None:
         totals["coll"] += r["coll"]
         if world_size == 16384:
             max_lat_16k = lat[-1]
-    n = max(totals["n"], 1)
     print()
-    print(f"{'figure':<52} {'measured':>10} {'goal':>10}")
-    print(f"{'injected hangs (4 classes, 1-3 culprits)':<52} {totals['n']:>10} {'>= 500':>10}")
-    print(f"{'top-1 culprit accuracy':<52} {totals['top1'] / n:>10.1%} {'>= 99 %':>10}")
-    print(f"{'exact collective (group, op, seq)':<52} {totals['coll'] / n:>10.1%} {'>= 99 %':>10}")
+    print("the same simulation through the attribution alone (no HTTP, no database)")
     print(
-        f"{'last report -> stored finding, max at 16,384 ranks':<52} "
-        f"{max_lat_16k:>9.3f}s {'<= 1 s':>10}"
+        f"{'ranks':>6} {'hangs':>5} {'top-1':>7} {'exact set':>9} {'class':>7} "
+        f"{'collective':>10} {'attribution p50 / max s':>24}"
     )
-    for world_size, clean, ckpt in falses:
+    bulk = {"n": 0, "top1": 0, "coll": 0}
+    for world_size, num_hangs in ((1024, args.in_process_1024), (16384, args.in_process_16384)):
+        if not num_hangs:
+            continue
+        r = in_process(world_size, num_hangs, seed=world_size + 1)
+        n = r["n"]
         print(
-            f"{f'false hangs, clean / checkpointing job, {world_size:,} ranks':<52} "
-            f"{f'{clean} / {ckpt}':>10} {'0 / 0':>10}"
+            f"{world_size:>6} {n:>5} {r['top1'] / n:>7.1%} {r['exact_set'] / n:>9.1%} "
+            f"{r['cls'] / n:>7.1%} {r['coll'] / n:>10.1%} "
+            f"{statistics.median(r['lat']):>15.3f} / {max(r['lat']):.3f}"
+        )
+        for key in bulk:
+            bulk[key] += r[key]
+    n = max(totals["n"], 1)
+    nb = max(bulk["n"], 1)
+    print()
+    figure("figure", "measured", "goal")
+    figure("injected hangs through HTTP (4 classes, 1-3 culprits)", totals["n"], ">= 500")
+    figure("  + through the attribution alone", bulk["n"], "")
+    figure("top-1 culprit accuracy, HTTP", f"{totals['top1'] / n:.1%}", ">= 99 %")
+    figure("top-1 culprit accuracy, attribution alone", f"{bulk['top1'] / nb:.1%}", ">= 99 %")
+    figure("exact collective (group, op, seq), HTTP", f"{totals['coll'] / n:.1%}", ">= 99 %")
+    figure("exact collective, attribution alone", f"{bulk['coll'] / nb:.1%}", ">= 99 %")
+    figure("last report -> stored finding, max at 16,384 ranks", f"{max_lat_16k:.3f} s", "<= 1 s")
+    for world_size, clean, ckpt in falses:
+        figure(
+            f"false hangs, clean / checkpointing job, {world_size:,} ranks",
+            f"{clean} / {ckpt}",
+            "0 / 0",
         )
 
 

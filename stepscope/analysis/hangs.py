@@ -256,7 +256,7 @@ def attribute_hang(
     if not hang_ranks:
         return HangState(False, None, [], False, _ranks_by_state(job, [], silent), None, None)
     since = min(_stall_start(job.by_rank[r]) for r in hang_ranks)
-    culprits, pending, explained = _walk(job, hang_ranks, silent, since, silent_after_s)
+    culprits, pending, explained = _walk(job, hang_ranks, silent, since, silent_after_s, cutoff)
     state = HangState(
         hanging=True,
         finding=None,
@@ -280,7 +280,12 @@ def _stall_start(r: RankReport) -> float:
 
 
 def _walk(
-    job: _Job, hang_ranks: list[int], silent: set[int], since: float, silent_after_s: float
+    job: _Job,
+    hang_ranks: list[int],
+    silent: set[int],
+    since: float,
+    silent_after_s: float,
+    cutoff: float,
 ) -> tuple[list[_Culprit], list[int], list[int]]:
     """Culprits, ranks still unknown, and roots explained by a declared phase."""
     roots: dict[int, list[Point]] = defaultdict(list)
@@ -319,7 +324,7 @@ def _walk(
                 pending.append(m)
         elif m in silent:
             culprits.append(_Culprit(m, "silent", point))
-        elif report.kind == "hang":
+        elif report.kind == "hang" and report.ts > cutoff:
             culprits.append(_Culprit(m, "never_entered", point))
         elif report.phase is not None:
             explained.append(m)

@@ -170,9 +170,11 @@ def inject(
     step: int,
     base_seq: int,
     rng: random.Random,
+    hang_after_s: float = 10.0,
 ) -> Injected:
     """A hang of `hang_class` by `num_culprits` ranks (groups, for not_completing) of one
-    pipeline stage, after every rank sent heartbeats at `ts - 1` with frontiers `base_seq`.
+    pipeline stage that began at `ts`, reported `hang_after_s` later (frontiers were at
+    `base_seq` before it).
 
     The culprit's tensor-parallel peers block in their all_reduce, the rest of its stage in
     the data-parallel all_reduce, the other stages in the pipeline's recv.
@@ -190,7 +192,7 @@ def inject(
         culprits = sorted(rng.sample(list(stage_ranks), num_culprits))
     culprit_set = set(culprits)
     stuck_tp = {layout.tp_group(r) for r in culprits}
-    hang_ts = ts + 10.0
+    hang_ts = ts + hang_after_s
     reports = []
     for r in range(layout.world_size):
         rts = hang_ts + rng.uniform(0.0, 0.5)
