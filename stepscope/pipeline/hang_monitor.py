@@ -83,6 +83,8 @@ class HangMonitor:
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
         self._resumed_ts: dict[str, float | None] = {}
+        self._open: dict[str, hang_reports.StoredHang | None] = {}
+        """Job → its open hang finding (this thread alone writes hang findings)."""
         self._reports: dict[str, dict[int, RankReport]] = {}
         """Job → rank → latest report, parsed (kept by this thread, which alone writes them)."""
         self.attributed_at: dict[str, float] = {}
@@ -175,15 +177,20 @@ class HangMonitor:
                 silent_after_s=self._silent_after_s,
                 ignore_hangs_before_ts=self._resumed_ts[job_id],
             )
-            stored = hang_reports.open_hang(conn, job_id)
+            if job_id not in self._open:
+                self._open[job_id] = hang_reports.open_hang(conn, job_id)
+            stored = self._open[job_id]
             result: schema.Finding | None
+            after: hang_reports.StoredHang | None = None
             if stored is not None:
                 result, offered = self._follow(conn, stored, reports, state)
+                after = None if result is None else hang_reports.StoredHang(stored.id, result)
             elif state.finding is not None:
                 result = offered = self._opened(state.finding)
-                hang_reports.save_hang(conn, result, None)
+                after = hang_reports.StoredHang(hang_reports.save_hang(conn, result, None), result)
             else:
                 result = None
+        self._open[job_id] = after
         self.attributed_at[job_id] = time.time()
         if offered is not None and self._on_findings is not None:
             try:
