@@ -209,12 +209,16 @@ FindingKind = Literal[
     "throughput_gain",
     "mfu_low",
     "peak_unknown",
+    "hang",
 ]
 Severity = Literal["info", "warning", "critical"]
 Cause = Literal["data", "compute", "communication", "gpu_throttling", "host", "unknown"]
 Component = Literal["step_s", "data_s", "compute_s", "comm_wait_s", "collective_finish_s"]
 """A part of the step time a finding or a chart names (a straggler's evidence["component"])."""
+HangClass = Literal["never_entered", "mismatched", "not_completing", "silent"]
+"""How a hang came about (a hang finding's evidence["class"])."""
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
+HANG_CLASSES: tuple[HangClass, ...] = get_args(HangClass)
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 COMPONENTS: tuple[Component, ...] = get_args(Component)

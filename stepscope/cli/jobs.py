@@ -168,6 +168,16 @@ def show(
         typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
         print_summary(summary, found)
+        hang = next((f for f in found if f.kind == "hang" and "closed_at" not in f.evidence), None)
+        if hang is not None:
+            e = hang.evidence
+            stack = e.get("culprit_stack") or []
+            where = f" in {stack[-1]['function']}" if stack else ""
+            typer.echo(
+                f"HANG for {hang.observed or 0:.0f} s: ranks "
+                f"{','.join(map(str, hang.ranks[:8]))} {e['class']} ({e['group']} {e['op']} "
+                f"#{e['seq']}){where}"
+            )
 
 
 def findings(

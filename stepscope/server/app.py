@@ -11,7 +11,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from stepscope import __version__
 from stepscope.api import errors
 from stepscope.api.routes import router as api_router
+from stepscope.collector.hangs import route as hangs_route
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.server.auth import Authorizer, TokenCache
@@ -50,6 +52,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         on_findings=on_findings,
     )
     writer = BatchWriter(engine)
+    hang_monitor = HangMonitor(
+        engine,
+        silent_after_s=settings.hang_silent_after_s,
+        debounce_s=settings.hang_debounce_s,
+        on_findings=on_findings,
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -64,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if webhooks:
                 webhooks.stop()
             writer.close()
+            hang_monitor.close()
             engine.dispose()
 
     app = FastAPI(
@@ -76,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.writer = writer
+    app.state.hang_monitor = hang_monitor
     app.state.pass_resources = resources
     tokens = TokenCache(engine)
     app.state.authorize = Authorizer(tokens, auth=settings.auth)
@@ -89,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     errors.install(app)
     app.router.routes.append(ingest_route)
+    app.router.routes.append(hangs_route)
     app.include_router(api_router)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
 

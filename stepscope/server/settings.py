@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     """How long one webhook POST may take."""
     webhook_max_attempts: int = Field(default=8, ge=1)
     """Attempts per finding and URL before giving up (backoff doubles from 2 s to 10 min)."""
+    hang_silent_after_s: float = Field(default=6.0, gt=0)
+    """A rank is silent when its latest hang report or heartbeat is this old while others
+    report a hang (3 x the profiler's heartbeat_s)."""
+    hang_debounce_s: float = Field(default=0.2, ge=0)
+    """At most one hang attribution per job per this many seconds while reports arrive."""
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
 

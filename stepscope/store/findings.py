@@ -14,14 +14,17 @@ from stepscope.store.rollup_tables import Connectable, connection
 
 
 def replace_findings(conn: sa.Connection, job_id: str, findings: Iterable[schema.Finding]) -> int:
-    """Make `findings` the job's findings; a finding seen before keeps its first detected_at."""
+    """Make `findings` the job's findings; a finding seen before keeps its first detected_at.
+
+    Hang findings are not the pass's: they are kept (stepscope.store.hang_reports owns them)."""
     t = tables.findings
     now = time.time()
+    ours = sa.and_(t.c.job_id == job_id, t.c.kind != "hang")
     previous = {
         _finding_key(row): row["detected_at"]
-        for row in conn.execute(sa.select(t).where(t.c.job_id == job_id)).mappings()
+        for row in conn.execute(sa.select(t).where(ours)).mappings()
     }
-    conn.execute(sa.delete(t).where(t.c.job_id == job_id))
+    conn.execute(sa.delete(t).where(ours))
     rows = []
     for finding in findings:
         row = finding.to_dict()

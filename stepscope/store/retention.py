@@ -16,6 +16,7 @@ RAW_TABLES = (
     tables.events,
     tables.job_columns,
     cast(sa.Table, tables.IngestBatch.__table__),
+    tables.hang_reports,
 )
 """What `prune --keep-rollups` deletes: the raw rows, which of their columns hold values and
 the batches' idempotency keys."""

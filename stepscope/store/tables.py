@@ -265,3 +265,29 @@ webhook_deliveries = sa.Table(
 )
 """The webhook outbox: one row per (finding, URL), so each is delivered once, with retries."""
 sa.Index("ix_webhook_deliveries_next_attempt_at", webhook_deliveries.c.next_attempt_at)
+
+# --- Hang reports (#19) ------------------------------------------------------------------
+
+hang_reports = sa.Table(
+    "hang_reports",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("rank", sa.BigInteger(), primary_key=True),
+    sa.Column("incarnation", sa.String()),
+    sa.Column("node", sa.String()),
+    sa.Column("pid", sa.BigInteger()),
+    sa.Column("world_size", sa.BigInteger()),
+    sa.Column("ts", sa.Float(precision=53), nullable=False, comment="when the rank made it [s]"),
+    sa.Column("received_at", sa.Float(precision=53), nullable=False, comment="[s]"),
+    sa.Column("kind", sa.String(), nullable=False, comment="heartbeat or hang"),
+    sa.Column("step", sa.BigInteger()),
+    sa.Column("section", sa.String()),
+    sa.Column("phase", sa.String()),
+    sa.Column("last_progress_ts", sa.Float(precision=53), comment="[s]"),
+    sa.Column("stalled_s", sa.Float(precision=53), comment="[s]"),
+    sa.Column("blocked", sa.JSON()),
+    sa.Column("frontiers", sa.JSON()),
+    sa.Column("stack", sa.JSON()),
+    sa.Column("stack_source", sa.String()),
+)
+"""Each rank's latest hang report or heartbeat (POST /v1/hangs): one row per (job, rank)."""

@@ -165,6 +165,8 @@ def _line_detail(f: Finding, *, with_group: bool = True) -> str:
         return f"{component}, {group['group']} peers waited" if group else component
     if f.kind == "straggler_node":
         return f.cause or ""
+    if f.kind == "hang":
+        return _hang_detail(f)
     if f.kind == "dataloader_stall" and known(f.observed):
         return f"data {f.observed:.0%} of step"
     if f.kind == "slow_collective" and known(f.effect):
@@ -178,6 +180,27 @@ def _line_detail(f: Finding, *, with_group: bool = True) -> str:
     if f.kind == "peak_unknown":
         return "no MFU: pass peak_flops"
     return ""
+
+
+def _hang_detail(f: Finding) -> str:
+    """A hang's class and collective: "never entered tp all_reduce #31, 12s"."""
+    e = f.evidence or {}
+    where = " ".join(
+        str(part)
+        for part in (
+            e.get("group"),
+            e.get("op"),
+            f"#{e['seq']}" if e.get("seq") is not None else None,
+        )
+        if part is not None
+    )
+    stalled = f"{f.observed:.0f}s" if known(f.observed) else ""
+    return ", ".join(
+        filter(
+            None,
+            (" ".join(filter(None, (labels.hang_class(str(e.get("class", ""))), where))), stalled),
+        )
+    )
 
 
 def _line_cause(f: Finding) -> str:

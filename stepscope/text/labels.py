@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, cast
 
-from stepscope.schema import Cause, Component, FindingKind
+from stepscope.schema import Cause, Component, FindingKind, HangClass
 
 
 class Label(NamedTuple):
@@ -25,6 +25,15 @@ KINDS: dict[FindingKind, Label] = {
     "throughput_gain": Label("throughput gain", "Throughput gain"),
     "mfu_low": Label("low MFU", "Low MFU"),
     "peak_unknown": Label("peak FLOP/s unknown", "Peak FLOP/s unknown"),
+    "hang": Label("hang", "Hang"),
+}
+HANG_CLASSES: dict[HangClass, Label] = {
+    "never_entered": Label("never entered", "never entered the collective its peers wait in"),
+    "mismatched": Label("mismatched", "called a different collective at the same point"),
+    "not_completing": Label(
+        "not completing", "every rank entered; the collective does not complete"
+    ),
+    "silent": Label("silent", "stopped reporting (frozen, GIL held or dead)"),
 }
 CAUSES: dict[Cause, Label] = {
     "data": Label("data", "waiting for data (the input pipeline)"),
@@ -107,3 +116,11 @@ def mesh_coord(dim: str, coord: str | int | None) -> str:
 def throttle_reasons(mask: int) -> list[str]:
     """Names of the NVML clocks-event reasons set in `mask`."""
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def hang_class(name: str, *, long: bool = False) -> str:
+    """A hang class's label (its name in words when unknown)."""
+    label = HANG_CLASSES.get(cast(HangClass, name))
+    if label is None:
+        return name.replace("_", " ")
+    return label.long if long else label.short

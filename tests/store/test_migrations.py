@@ -30,6 +30,7 @@ EXPECTED_TABLES = {
     "rank_buckets",
     "gpu_buckets",
     "job_summaries",
+    "hang_reports",
     "analysis_state",
     "webhook_deliveries",
     "job_columns",
@@ -178,4 +179,16 @@ def test_collective_groups_migration_keeps_old_rows_and_downgrades(empty_db_url:
         (0, ""),
         (1, ""),
     ]
+    engine.dispose()
+
+
+def test_hang_reports_migration_creates_and_drops_its_table(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
+    upgrade(engine, "0006")
+    inspector = sa.inspect(engine)
+    assert inspector.get_pk_constraint("hang_reports")["constrained_columns"] == ["job_id", "rank"]
+    _insert(engine, "hang_reports", job_id="j", rank=3, ts=1.0, received_at=2.0, kind="hang")
+    assert _rows(engine, "SELECT job_id, rank, kind FROM hang_reports") == [("j", 3, "hang")]
+    downgrade(engine, "0005")
+    assert "hang_reports" not in sa.inspect(engine).get_table_names()
     engine.dispose()

@@ -16,6 +16,7 @@ from stepscope.text import labels
         (schema.FINDING_KINDS, labels.KINDS),
         (schema.CAUSES, labels.CAUSES),
         (schema.COMPONENTS, labels.COMPONENTS),
+        (schema.HANG_CLASSES, labels.HANG_CLASSES),
     ],
 )
 def test_every_name_of_the_schema_has_a_label(

@@ -1,0 +1,162 @@
+"""Hang attribution on constructed reports: each class, 1-3 culprits, 16 and 1,024 ranks."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from stepscope.analysis.hangs import RankReport, attribute_hang, rank_spans, resumed
+from stepscope.synthetic.hangs import (
+    DATA_STACK,
+    OTHER_OP_STACK,
+    WAIT_STACK,
+    Layout,
+    checkpointing,
+    heartbeats,
+    inject,
+    report,
+)
+
+TS = 1_767_000_000.0
+LAYOUTS = {16: Layout(dp=4, tp=4, pp=1), 1024: Layout(dp=16, tp=8, pp=8)}
+
+
+def latest(*rounds: list[dict[str, Any]]) -> list[RankReport]:
+    """Each rank's latest report after these rounds."""
+    by_rank: dict[int, dict[str, Any]] = {}
+    for round_ in rounds:
+        for doc in round_:
+            by_rank[doc["rank"]] = doc
+    return [RankReport.of(doc) for doc in by_rank.values()]
+
+
+@pytest.mark.parametrize("world_size", [16, 1024])
+@pytest.mark.parametrize("num_culprits", [1, 2, 3])
+@pytest.mark.parametrize("hang_class", ["never_entered", "mismatched", "not_completing", "silent"])
+def test_each_class_names_its_culprits_and_collective(
+    world_size: int, num_culprits: int, hang_class: Any
+) -> None:
+    layout = LAYOUTS[world_size]
+    rng = random.Random(world_size * 10 + num_culprits)
+    base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+    hang = inject(layout, "j", hang_class, num_culprits, ts=TS + 1, step=30, base_seq=100, rng=rng)
+
+    state = attribute_hang("j", latest(base, hang.reports), silent_after_s=6.0)
+
+    f = state.finding
+    assert f is not None
+    assert (f.kind, f.severity, f.metric) == ("hang", "critical", "stalled_s")
+    assert f.ranks == hang.culprits
+    assert f.evidence["class"] == hang_class
+    assert (f.evidence["group_name"], f.evidence["op"], f.evidence["seq"]) == (
+        hang.group,
+        hang.op,
+        101,
+    )
+    assert f.evidence["group"] == "tp"
+    assert f.evidence["mesh_dim"] == "tp"
+    assert f.cause == ("communication" if hang_class == "not_completing" else "host")
+    assert f.first_step == 30
+    # The first stall: the culprit's last progress, or its peers' entering the collective.
+    since = TS + 1 if hang_class == "never_entered" else TS + 1.1
+    assert f.evidence["since_ts"] == pytest.approx(since)
+    assert f.observed == pytest.approx(max(r["ts"] for r in hang.reports) - since)
+    if len({layout.node(r) for r in hang.culprits}) == 1:
+        assert f.node == layout.node(hang.culprits[0])
+    assert f.evidence["majority_stack"] == WAIT_STACK
+    by_state = f.evidence["ranks_by_state"]
+    if hang_class == "never_entered":
+        assert f.evidence["culprit_stack"] == DATA_STACK
+        assert by_state["elsewhere"] == hang.culprits
+        assert [o["ranks"] for o in f.evidence["outlier_stacks"]] == [hang.culprits]
+    if hang_class == "mismatched":
+        assert f.evidence["culprit_stack"] == OTHER_OP_STACK
+    if hang_class == "silent":
+        assert f.evidence["culprit_stack"] is None
+        assert by_state["silent"] == hang.culprits
+    waiting_ranks = sum(w["num_ranks"] for w in by_state["waiting"].values())
+    expected_waiting = world_size - num_culprits * (hang_class in ("never_entered", "silent"))
+    assert waiting_ranks == expected_waiting
+
+
+def test_a_culprit_not_heard_from_since_its_peers_blocked_is_pending() -> None:
+    layout = LAYOUTS[16]
+    base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+    hang = inject(
+        layout, "j", "never_entered", 1, ts=TS + 1, step=30, base_seq=100, rng=random.Random(3)
+    )
+    (culprit,) = hang.culprits
+    others = [r for r in hang.reports if r["rank"] != culprit]
+
+    state = attribute_hang("j", latest(base, others), silent_after_s=60.0)
+
+    assert state.hanging
+    assert state.finding is None
+    assert state.pending == [culprit]
+
+
+def test_checkpoint_phase_explains_the_wait() -> None:
+    layout = LAYOUTS[1024]
+    base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+
+    state = attribute_hang(
+        "j",
+        latest(base, checkpointing(layout, "j", ts=TS + 1, step=30, base_seq=100)),
+        silent_after_s=6.0,
+    )
+
+    assert state.hanging
+    assert state.explained_by_phase
+    assert state.finding is None
+
+
+def test_clean_job_has_no_hang() -> None:
+    layout = LAYOUTS[1024]
+    reports = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+    seqs = dict.fromkeys(("tp", "dp", "pp"), (101, 100))
+    # A rank momentarily inside a collective says so in its heartbeat.
+    reports[5] = report(
+        layout,
+        "j",
+        5,
+        ts=TS,
+        kind="heartbeat",
+        step=30,
+        seqs=seqs,
+        blocked={"group": layout.tp_group(5), "op": "all_reduce", "seq": 101, "since_ts": TS},
+    )
+
+    state = attribute_hang("j", latest(reports), silent_after_s=6.0)
+
+    assert not state.hanging
+    assert state.finding is None
+
+
+def test_stale_hang_reports_after_the_hang_ended_are_ignored() -> None:
+    layout = LAYOUTS[16]
+    base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+    hang = inject(layout, "j", "silent", 1, ts=TS + 1, step=30, base_seq=100, rng=random.Random(1))
+    end = max(r["ts"] for r in hang.reports)
+
+    state = attribute_hang(
+        "j", latest(base, hang.reports), silent_after_s=6.0, ignore_hangs_before_ts=end
+    )
+
+    assert not state.hanging
+
+
+def test_resumed_needs_a_later_heartbeat_past_the_hung_step() -> None:
+    layout = LAYOUTS[16]
+    seqs = dict.fromkeys(("tp", "dp", "pp"), (100, 100))
+    later = RankReport.of(report(layout, "j", 1, ts=TS + 20, kind="heartbeat", step=31, seqs=seqs))
+    same = RankReport.of(report(layout, "j", 1, ts=TS + 20, kind="heartbeat", step=30, seqs=seqs))
+    assert resumed(later, first_step=30, opened_ts=TS + 10)
+    assert not resumed(same, first_step=30, opened_ts=TS + 10)
+    assert not resumed(later, first_step=30, opened_ts=TS + 30)
+
+
+def test_rank_spans_are_sorted_runs() -> None:
+    assert rank_spans([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert rank_spans(range(0, 10, 2), max_spans=2) == "0,2,..."
