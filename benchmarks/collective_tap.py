@@ -97,7 +97,10 @@ def segment(
         tap = CollectiveTap(clock=build_clock("cpu"), record=records.append, groups=GroupRegistry())
         tap.install()
     elif arm.startswith("step"):
-        prof = stepscope.init(job_id="bench-tap", url=url, patch_collectives=arm == "step+tap")
+        # The fake backend's works never complete (FakeWork.wait is its own): don't wait at close.
+        prof = stepscope.init(
+            job_id="bench-tap", url=url, patch_collectives=arm == "step+tap", close_timeout_s=0.0
+        )
         assert prof.enabled
     wall_start_s, cpu_start_s = time.perf_counter(), time.thread_time()
     if prof is None:

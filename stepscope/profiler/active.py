@@ -506,11 +506,12 @@ class ActiveProfiler(Profiler):
     def _resolve(self, *, force: bool) -> None:
         """Ship the oldest finished steps whose marks all happened (blocks only when forced)."""
         clock = self._clock
+        deadline = time.monotonic() + self.config.close_timeout_s  # one budget for all steps
         while self._unresolved:
             record = self._unresolved[0]
             if not record.is_resolved(clock):
                 if force:
-                    _wait_for(record, clock, timeout_s=self.config.close_timeout_s)
+                    _wait_for(record, clock, deadline=deadline)
                 elif len(self._unresolved) <= _MAX_UNRESOLVED_STEPS:
                     return
             self._unresolved.popleft()
@@ -705,9 +706,9 @@ def _current_device_type() -> str:
     return "cpu"
 
 
-def _wait_for(record: StepRecord, clock: Clock, *, timeout_s: float) -> None:
-    """Block (only at close) until the record's marks happened, or the timeout passed."""
-    deadline = time.monotonic() + timeout_s
+def _wait_for(record: StepRecord, clock: Clock, *, deadline: float) -> None:
+    """Block (only at close) until the record's marks happened, or time.monotonic() passed
+    `deadline`."""
     for call in record.calls:
         while call.end is None and time.monotonic() < deadline:
             time.sleep(0.001)
