@@ -94,7 +94,7 @@ def segment(
     tap = None
     prof: Any = None
     if arm == "tap":
-        tap = CollectiveTap(clock=build_clock("cpu"), record=records.append, groups=GroupRegistry())
+        tap = CollectiveTap(clock=build_clock("cpu"), calls=records, groups=GroupRegistry())
         tap.install()
     elif arm.startswith("step"):
         # The fake backend's works never complete (FakeWork.wait is its own): don't wait at close.

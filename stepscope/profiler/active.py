@@ -116,6 +116,7 @@ class _Section:
     def __enter__(self) -> None:
         prof = self._prof
         try:
+            _observe_collectives(prof)
             self._start = prof._clock.mark()
             self._outer, prof._section = prof._section, self._name  # for the watchdog
         except Exception as exc:
@@ -124,6 +125,7 @@ class _Section:
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
         prof._section = self._outer
+        _observe_collectives(prof)
         current = prof._current
         if current is None or self._start is None or prof._broken:
             return False
@@ -137,6 +139,14 @@ class _Section:
         except Exception as exc:
             prof._fail(exc)
         return False
+
+
+def _observe_collectives(prof: ActiveProfiler) -> None:
+    """A boundary in the training loop: the tap looks at the async work issued since its
+    last look (completed ones end here; the rest get a completion callback)."""
+    tap = prof._tap
+    if tap is not None and tap.unobserved:
+        tap.observe()
 
 
 class _Phase:
@@ -257,9 +267,10 @@ class ActiveProfiler(Profiler):
 
             self._tap = CollectiveTap(
                 clock=self._clock,
-                record=self._record_call,
+                calls=self._calls,
                 groups=self._groups,
                 on_error=self._tap_failed,
+                max_calls=_MAX_CALLS_OUTSIDE_STEPS,
             )
             self._tap.install()
         self._gpu_sampler = self._start_gpu_sampler()
@@ -392,7 +403,8 @@ class ActiveProfiler(Profiler):
                 orphan = StepRecord(
                     step=self._next_index, ts=time.time(), base=self._calls[0].start
                 )
-                orphan.calls, self._calls = self._calls, []
+                orphan.calls = self._calls.copy()
+                self._calls.clear()
                 _, rows = orphan.to_rows(self._clock, self._groups.mesh_dims)
                 for row in rows:
                     self.shipper.add("collectives", row)
@@ -466,8 +478,10 @@ class ActiveProfiler(Profiler):
         self._current = None
         now = time.perf_counter()
         record.step_s = now - self._step_start
+        _observe_collectives(self)
         self._ended_step, self._ended_at = record.step, now
-        record.calls, self._calls = self._calls, []
+        record.calls = self._calls.copy()  # the tap appends to this list: keep it
+        self._calls.clear()
         if self._flop_counter is not None:
             self._stop_flop_count()
         values = record.values

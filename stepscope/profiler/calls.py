@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +27,8 @@ class CollectiveCall:
     """When it completed; None until then."""
     seq: int | None = None
     """Its sequence number in the group (None for send/recv and DDP's timers)."""
-    waits: list[tuple[Mark, Mark]] = field(default_factory=list)
-    """Spans the training thread sat blocked waiting for it."""
+    waits: list[tuple[Mark, Mark]] | None = None
+    """Spans the training thread sat blocked waiting for it (None until the first)."""
     ddp_bucket: bool = False
     """DDP gradients: exposed from the last bucket's start to the last bucket's end."""
     count: int = 1
@@ -38,21 +38,24 @@ class CollectiveCall:
 Record = Callable[[CollectiveCall], None]
 
 
+_Tensor = torch.Tensor
+
+
 def tensor_bytes(tensor: Any) -> int:
     """Bytes of a tensor (0 for anything else)."""
-    if isinstance(tensor, torch.Tensor):
-        return int(tensor.nbytes)
-    return 0
+    return int(tensor.nbytes) if isinstance(tensor, _Tensor) else 0
 
 
 def tensors_bytes(tensors: Any) -> int:
     """Bytes of a tensor, or of a (nested) list of tensors."""
-    # On every collective's path: a loop, not a generator, and no call per tensor.
-    if isinstance(tensors, torch.Tensor):
+    # On every collective's path: exact type checks (a union isinstance costs ~0.3 µs), a
+    # loop rather than a generator, and no call per tensor.
+    kind = type(tensors)
+    if kind is list or kind is tuple:
+        total = 0
+        for item in tensors:
+            total += item.nbytes if isinstance(item, _Tensor) else tensors_bytes(item)
+        return total
+    if isinstance(tensors, _Tensor):
         return int(tensors.nbytes)
-    if not isinstance(tensors, list | tuple):
-        return 0
-    total = 0
-    for item in tensors:
-        total += item.nbytes if isinstance(item, torch.Tensor) else tensors_bytes(item)
-    return total
+    return 0

@@ -54,6 +54,9 @@ class DumpWatcher:
         self._thread = threading.Thread(target=self._run, name="stepscope-dumps", daemon=True)
         self.exit_codes: dict[int, int] = {}
         """Exit statuses of ranks that are this process's own children, by pid."""
+        self.children: set[int] = set()
+        """Pids whose exit status the launcher will put in `exit_codes` once it has reaped
+        them: their death is reported only then, with the status."""
         self.num_reports = 0
         self._started_at = time.time()
         self.owns_dir = False
@@ -102,7 +105,9 @@ class DumpWatcher:
                 if seen.first_dump_ts is None:
                     seen.first_dump_ts = time.time()
                 self._send(path, dump, seen)
-            if not _alive(seen.pid):
+            if not _alive(seen.pid) and (
+                seen.pid not in self.children or seen.pid in self.exit_codes
+            ):
                 seen.died = True
                 dump = dump or read_dump(path)
                 if dump is not None and not dump.closed:

@@ -37,7 +37,8 @@ class GroupRegistry:
     """Groups by process-group object and by name, with the mesh's labels and coordinates."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Any, GroupInfo]] = {}
+        self.by_id: dict[int, tuple[Any, GroupInfo]] = {}
+        """id(ProcessGroup) → (it, its group); read directly on the collective tap's path."""
         self._by_name: dict[str, GroupInfo] = {}
         self.mesh_dims: dict[str, str] = {}
         """Group name → the mesh dimension it spans."""
@@ -46,14 +47,14 @@ class GroupRegistry:
 
     def of(self, pg: Any) -> GroupInfo:
         """The group of a ProcessGroup object (looked up once per group)."""
-        entry = self._by_id.get(id(pg))
+        entry = self.by_id.get(id(pg))
         if entry is not None and entry[0] is pg:
             return entry[1]
         info = self._by_name.get(_name_of(pg))
         if info is None:
             info = _describe(pg)
             self._by_name[info.name] = info
-        self._by_id[id(pg)] = (pg, info)  # holding pg keeps its id from being reused
+        self.by_id[id(pg)] = (pg, info)  # holding pg keeps its id from being reused
         return info
 
     def named(self, name: str) -> GroupInfo:

@@ -51,6 +51,8 @@ def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: st
     env = child_env(cmd, job_id=job_id, url=url, token=token)
     watcher = _start_dump_watcher(env)
     child = subprocess.Popen(list(cmd), env=env)
+    if watcher is not None:
+        watcher.children.add(child.pid)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_sent_it_to_the_child_too():

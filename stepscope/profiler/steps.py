@@ -119,7 +119,8 @@ def _comm_wait_s(
 
 
 def _waited_s(call: CollectiveCall, clock: Clock) -> float:
-    return sum(max(0.0, clock.seconds_between(a, b)) for a, b in call.waits if clock.is_ready(b))
+    waits = call.waits or ()
+    return sum(max(0.0, clock.seconds_between(a, b)) for a, b in waits if clock.is_ready(b))
 
 
 def _collective_rows(

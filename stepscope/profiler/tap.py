@@ -4,9 +4,13 @@ Two layers, which never see the same call twice:
 
 - Class-level wrappers on `torch._C._distributed_c10d.ProcessGroup` methods see every
   collective issued from Python: `torch.distributed.*`, FSDP1 and FSDP2, pipeline send/recv,
-  async work, DDP comm hooks. Completion comes from the work's future (a callback on the
-  backend's thread) or, for work without one, from the end of its wait; a class-level
-  `Work.wait` wrapper measures the exposed wait, the time the caller sat blocked.
+  async work, DDP comm hooks. A class-level `Work.wait` wrapper measures the exposed wait,
+  the time the caller sat blocked, and stamps the completion of work waited at once (every
+  synchronous call). On the CPU clock, work that is still unwaited at the next collective,
+  section or step boundary is looked at there (`observe()`): completed, it ends there; in
+  flight, its future's callback (on the backend's thread) stamps its end. So only work that
+  overlaps the caller's own pays for a callback (~5 µs). On a device clock every async
+  work's future gets the callback.
 - Python kernels on the `BackendSelect` dispatch key of the `_c10d_functional` ops see the
   functional collectives that DTensor, tensor parallelism and compiled graphs issue (they
   reach the process group in C++); `wait_tensor`'s kernel measures their exposed wait.
@@ -28,7 +32,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from .calls import CollectiveCall, Record, tensors_bytes
+from .calls import CollectiveCall, tensors_bytes
 from .groups import GroupInfo, GroupRegistry
 from .timer import Clock
 
@@ -110,13 +114,15 @@ class CollectiveTap:
         self,
         *,
         clock: Clock,
-        record: Record,
+        calls: list[CollectiveCall],
         groups: GroupRegistry,
         on_error: Callable[[BaseException], None] | None = None,
+        max_calls: int = 10_000,
     ) -> None:
-        self.clock = clock
-        """Replaceable: the profiler moves to CUDA events once it sees the device."""
-        self._record = record
+        self.calls = calls
+        """Where recorded calls go; the owner takes them (at each step's end)."""
+        self.max_calls = max_calls
+        """Beyond it calls are not recorded (nobody takes them: no steps)."""
         self.groups = groups
         self._on_error = on_error
         self.enabled = False
@@ -124,8 +130,22 @@ class CollectiveTap:
         self._library: Any = None
         self._pending_work: dict[Any, CollectiveCall] = {}
         self._pending_tensors: dict[int, CollectiveCall] = {}
+        self.unobserved: list[tuple[Any, CollectiveCall]] = []
+        """Works issued on the CPU clock and not yet looked at (observe()) or waited."""
         self.waiting: CollectiveCall | None = None
         """The collective the training thread is blocked in now (for the hang watchdog)."""
+        self.clock = clock
+
+    @property
+    def clock(self) -> Clock:
+        """Replaceable: the profiler moves to CUDA events once it sees the device."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._clock = clock
+        self._mark = clock.mark
+        self._on_cpu = clock.name == "cpu"
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -158,6 +178,7 @@ class CollectiveTap:
             self._library = None
         self._pending_tensors.clear()
         self._pending_work.clear()
+        self.unobserved.clear()
         if _installed is self:
             _installed = None
 
@@ -180,19 +201,53 @@ class CollectiveTap:
     ) -> Callable[..., Any]:
         tap = self
         is_compiling = torch.compiler.is_compiling
+        by_id = self.groups.by_id
+        sequenced = op not in _P2P
 
+        # Every collective's path: one frame, no helper calls but the clock and the bytes.
         def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
             if not tap.enabled or is_compiling():
                 return original(pg, *args, **kwargs)
             try:
-                group = tap.groups.of(pg)
+                if tap.unobserved:
+                    tap.observe()
+                entry = by_id.get(id(pg))
+                group = entry[1] if entry is not None and entry[0] is pg else tap.groups.of(pg)
+                if tap._on_cpu or not tap._capturing():
+                    seq = None
+                    if sequenced:
+                        seq = group.seq = group.seq + 1
+                    payload = (
+                        args[position] if position is not None and position < len(args) else None
+                    )
+                    # Positional: keywords cost ~0.5 µs here.
+                    call = CollectiveCall(op, group, tensors_bytes(payload), tap._mark(), None, seq)
+                    calls = tap.calls
+                    if len(calls) < tap.max_calls:
+                        calls.append(call)
+                else:
+                    call = None
             except Exception as exc:
                 tap._fail(exc)
                 return original(pg, *args, **kwargs)
-            call = tap._begin(group, op, args, position)
             work = original(pg, *args, **kwargs)
             if call is not None:
-                tap._issued(call, work, args)
+                try:
+                    if work is None:
+                        call.end = tap._mark()
+                        return work
+                    pending = tap._pending_work
+                    if len(pending) >= _MAX_PENDING_WORK:
+                        pending.pop(next(iter(pending)))
+                    pending[work] = call  # for its wait, which stamps the completion
+                    if tap._on_cpu:
+                        # No callback (~5 µs): most work is waited at once (synchronous
+                        # calls always). The next collective, section or step looks at it.
+                        tap.unobserved.append((work, call))
+                    elif not args or getattr(args[-1], "asyncOp", True) is not False:
+                        tap._arm(call, work)
+                except Exception as exc:
+                    tap._fail(exc)
             return work
 
         wrapper.__name__ = name
@@ -213,20 +268,17 @@ class CollectiveTap:
             self._fail(exc)
             return None
 
-    def _begin(
-        self, group: GroupInfo | None, op: str, args: tuple[Any, ...], position: int | None
-    ) -> CollectiveCall | None:
-        if group is None or self._capturing():
+    def _begin(self, group: GroupInfo | None, op: str, payload: Any) -> CollectiveCall | None:
+        """A functional collective begins: its call, recorded (None when not recorded)."""
+        if group is None or (not self._on_cpu and self._capturing()):
             return None
         try:
             seq = None
             if op not in _P2P:
-                group.seq += 1
-                seq = group.seq
-            payload = args[position] if position is not None and position < len(args) else None
-            # Positional: keywords cost ~0.5 µs here.
-            call = CollectiveCall(op, group, tensors_bytes(payload), self.clock.mark(), None, seq)
-            self._record(call)
+                seq = group.seq = group.seq + 1
+            call = CollectiveCall(op, group, tensors_bytes(payload), self._mark(), None, seq)
+            if len(self.calls) < self.max_calls:
+                self.calls.append(call)
             return call
         except Exception as exc:
             self._fail(exc)
@@ -234,25 +286,30 @@ class CollectiveTap:
 
     def _capturing(self) -> bool:
         """A CUDA graph is being captured: its replays run no Python, so record none of it."""
-        return self.clock.name == "cuda" and torch.cuda.is_current_stream_capturing()
+        return self._clock.name == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _issued(self, call: CollectiveCall, work: Any, args: tuple[Any, ...] = ()) -> None:
+    def _arm(self, call: CollectiveCall, work: Any) -> None:
+        """Stamp the call's end when its work's future completes (on the backend's thread)."""
         try:
-            if work is None:
-                call.end = self.clock.mark()
-                return
-            pending = self._pending_work
-            if len(pending) >= _MAX_PENDING_WORK:
-                pending.pop(next(iter(pending)))
-            pending[work] = call
-            options = args[-1] if args else None
-            if getattr(options, "asyncOp", True) is False:
-                return  # synchronous: its wait follows at once and stamps the completion
-            try:
-                future = work.get_future()
-            except RuntimeError:  # gloo's reduce_scatter_single: completion = end of its wait
-                return
-            future.add_done_callback(functools.partial(_completed, self.clock, call))
+            future = work.get_future()
+        except RuntimeError:  # gloo's reduce_scatter_single: completion = end of its wait
+            return
+        future.add_done_callback(functools.partial(_completed, self._clock, call))
+
+    def observe(self, waited: Any = None) -> None:
+        """Look at the works issued since the last look: completed ones end now; those still
+        in flight get a completion callback (their transfer overlaps the caller's own work),
+        but `waited`, whose wait is about to stamp its end."""
+        unobserved, self.unobserved = self.unobserved, []
+        try:
+            for work, call in unobserved:
+                if work is waited or call.end is not None:
+                    continue
+                if work.is_completed():
+                    call.end = self._mark()
+                    _completed_seq(call)
+                else:
+                    self._arm(call, work)
         except Exception as exc:
             self._fail(exc)
 
@@ -264,6 +321,12 @@ class CollectiveTap:
                 return original(work, *args, **kwargs)
             try:
                 call = tap._pending_work.pop(work, None)
+                unobserved = tap.unobserved
+                if call is not None and unobserved:
+                    if len(unobserved) == 1 and unobserved[0][0] is work:
+                        unobserved.clear()  # issued, then waited: the usual case
+                    else:
+                        tap.observe(waited=work)
             except Exception as exc:
                 tap._fail(exc)
                 call = None
@@ -277,7 +340,7 @@ class CollectiveTap:
         return wait
 
     def _timed_wait(self, call: CollectiveCall, wait: Any, *args: Any, **kwargs: Any) -> Any:
-        mark = self.clock.mark
+        mark = self._mark
         start = mark()
         self.waiting = call
         try:
@@ -286,13 +349,16 @@ class CollectiveTap:
             self.waiting = None
             try:
                 end = mark()
-                call.waits.append((start, end))
+                if call.waits is None:
+                    call.waits = [(start, end)]
+                else:
+                    call.waits.append((start, end))
                 if call.end is None:
                     call.end = end
                     _completed_seq(call)
-                elif isinstance(end, float) and start <= call.end < end:
+                elif self._on_cpu and start <= call.end < end:
                     # Completed while this thread sat in the wait: it was busy until the
-                    # thread resumed (CPU clock; the backend's thread stamped it earlier).
+                    # thread resumed (the backend's thread stamped it earlier).
                     call.end = end
             except Exception as exc:
                 self._fail(exc)
@@ -327,7 +393,7 @@ class CollectiveTap:
             if not tap.enabled or not _is_real(args[0]):  # FakeTensors while tracing
                 return overload.redispatch(keys, *args, **kwargs)
             group = tap._group(args[group_position])
-            call = tap._begin(group, op, args, None if op == "all_gather" else 0)
+            call = tap._begin(group, op, None if op == "all_gather" else args[0])
             result = overload.redispatch(keys, *args, **kwargs)
             if call is not None:
                 tap._issued_tensors(call, op, result)

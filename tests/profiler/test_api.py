@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -48,14 +49,22 @@ def test_disabled_profiler_is_a_cheap_no_op(
     assert prof.step() is NULL_CONTEXT
     assert ProcessGroup.__dict__["allreduce"] is allreduce
     assert threading.active_count() == threads_before
-    num_steps = 100_000
-    start = time.perf_counter()
-    for _ in range(num_steps):
+    # Cheap, counted rather than timed (a loaded machine cannot fail it): a step with a
+    # section and a record is a handful of calls, none into stepscope beyond the methods.
+    called: list[str] = []
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            called.append(frame.f_code.co_qualname if event == "call" else repr(arg))
+
+    sys.setprofile(count)
+    try:
         with prof.step(), prof.section("forward"):
             pass
         prof.record(tokens=1)
-    per_step_s = (time.perf_counter() - start) / num_steps
-    assert per_step_s < 5e-6
+    finally:
+        sys.setprofile(None)
+    assert len(called) <= 8, called
     prof.close()
 
 

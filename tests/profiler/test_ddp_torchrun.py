@@ -169,6 +169,8 @@ def test_training_survives_a_collector_that_comes_up_mid_run(tmp_path: Path) -> 
         *("--url", f"http://127.0.0.1:{port}", "--job-id", job_id, "--steps", str(num_steps)),
         *("--step-sleep-s", "0.06", "--out", str(tmp_path)),
         wait=False,
+        # The job may end before a loaded machine has the server up: close() waits for it.
+        stepscope_env={"STEPSCOPE_CLOSE_TIMEOUT_S": "60"},
     )
     try:
         deadline = time.monotonic() + 60

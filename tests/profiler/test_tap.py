@@ -34,7 +34,7 @@ def _init(rank: int, port: int) -> None:
 
 
 def _tap(calls: list[CollectiveCall], groups: GroupRegistry | None = None) -> CollectiveTap:
-    tap = CollectiveTap(clock=CpuClock(), record=calls.append, groups=groups or GroupRegistry())
+    tap = CollectiveTap(clock=CpuClock(), calls=calls, groups=groups or GroupRegistry())
     tap.install()
     return tap
 
@@ -312,7 +312,7 @@ def broken_tap(rank: int, port: int, queue: Any) -> None:
         groups = GroupRegistry()
         tap = CollectiveTap(
             clock=CpuClock(),
-            record=calls.append,
+            calls=calls,
             groups=groups,
             on_error=lambda e: errors.append(repr(e)),
         )
@@ -320,6 +320,7 @@ def broken_tap(rank: int, port: int, queue: Any) -> None:
         try:
             t = torch.ones(4)
             dist.all_reduce(t)
+            groups.by_id.clear()  # the group is looked up again, and the lookup fails:
             groups.of = lambda pg: 1 / 0  # type: ignore[method-assign]  # the injected bug
             dist.all_reduce(t)
             dist.all_reduce(t, async_op=True).wait()
@@ -357,3 +358,50 @@ def test_an_error_inside_the_tap_turns_it_off_and_the_collectives_still_run() ->
         assert result["errors"] == ["ZeroDivisionError('division by zero')"]  # said once
         assert (result["enabled"], result["recorded"]) == (False, 1)
         assert result["restored"]
+
+
+def overlapped_async(rank: int, port: int, queue: Any) -> None:
+    _init(rank, port)
+    try:
+        calls: list[CollectiveCall] = []
+        tap = _tap(calls)
+        try:
+            t = torch.ones(64)
+            if rank == 1:
+                time.sleep(0.2)  # rank 0's all-reduce completes 0.2 s after it is issued
+            work = dist.all_reduce(t, async_op=True)
+            tap.observe()  # a section boundary: the work is in flight, its completion is timed
+            time.sleep(0.5)  # the caller's own work, which the transfer overlaps
+            work.wait()
+            unwaited = dist.all_reduce(torch.ones(8), async_op=True)  # never waited
+            time.sleep(0.1)
+            tap.observe()  # the next boundary sees it completed
+            unwaited.get_future().wait()
+        finally:
+            tap.remove()
+        overlapped, dropped = calls
+        assert overlapped.waits is not None
+        assert overlapped.end is not None
+        [(wait_start, _)] = overlapped.waits
+        queue.put(
+            {
+                "rank": rank,
+                "busy_s": overlapped.end - overlapped.start,
+                "ended_before_wait": overlapped.end <= wait_start,
+                "dropped_ended": dropped.end is not None and dropped.waits is None,
+                "completed_seq": overlapped.group.completed_seq,
+            }
+        )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_async_work_overlapping_the_callers_own_work_ends_when_it_completes() -> None:
+    waiting, late = run_ranks(overlapped_async, 2)
+    # Rank 0's transfer took the 0.2 s until rank 1 joined, not the 0.5 s until its wait.
+    assert all(r["ended_before_wait"] for r in (waiting, late))
+    assert 0.15 <= waiting["busy_s"] < 0.45
+    assert late["busy_s"] < waiting["busy_s"] - 0.1  # busy − min busy: who was waited for
+    assert all(r["dropped_ended"] for r in (waiting, late))
+    assert waiting["completed_seq"] == late["completed_seq"] == 2
