@@ -39,7 +39,8 @@ class GroupRegistry:
     def __init__(self) -> None:
         self.by_id: dict[int, tuple[Any, GroupInfo]] = {}
         """id(ProcessGroup) → (it, its group); read directly on the collective tap's path."""
-        self._by_name: dict[str, GroupInfo] = {}
+        self.by_name: dict[str, GroupInfo] = {}
+        """Group name → its group; read directly by the functional-collective kernels."""
         self.mesh_dims: dict[str, str] = {}
         """Group name → the mesh dimension it spans."""
         self.mesh: dict[str, list[int]] = {}
@@ -50,16 +51,16 @@ class GroupRegistry:
         entry = self.by_id.get(id(pg))
         if entry is not None and entry[0] is pg:
             return entry[1]
-        info = self._by_name.get(_name_of(pg))
+        info = self.by_name.get(_name_of(pg))
         if info is None:
             info = _describe(pg)
-            self._by_name[info.name] = info
+            self.by_name[info.name] = info
         self.by_id[id(pg)] = (pg, info)  # holding pg keeps its id from being reused
         return info
 
     def named(self, name: str) -> GroupInfo:
         """The group called `name` (functional collectives name their group)."""
-        info = self._by_name.get(name)
+        info = self.by_name.get(name)
         if info is None:
             from torch._C._distributed_c10d import _resolve_process_group
 

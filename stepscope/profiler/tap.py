@@ -94,6 +94,7 @@ _MAX_PENDING_WORK = 256
 """Works whose wait is still to come. Held strongly (a weak map costs ~1 µs a call), so a
 work its caller drops without waiting stays until 256 newer ones push it out."""
 
+_Tensor = torch.Tensor
 _installed: CollectiveTap | None = None
 
 
@@ -387,56 +388,58 @@ class CollectiveTap:
         self, overload: Any, op: str, group_position: int, after: Any
     ) -> Callable[..., Any]:
         tap = self
+        redispatch = overload._handle.redispatch_boxed  # OpOverload.redispatch, less a frame
+        named = self.groups.by_name
+        gathers = op == "all_gather"
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             keys = keyset & after
-            if not tap.enabled or not _is_real(args[0]):  # FakeTensors while tracing
-                return overload.redispatch(keys, *args, **kwargs)
-            group = tap._group(args[group_position])
-            call = tap._begin(group, op, None if op == "all_gather" else args[0])
-            result = overload.redispatch(keys, *args, **kwargs)
+            first = args[0]
+            if not tap.enabled or not (
+                type(first) is _Tensor
+                or (type(first) is list and first and type(first[0]) is _Tensor)
+            ):  # FakeTensors while tracing
+                return redispatch(keys, *args, **kwargs)
+            name = args[group_position]  # a group's name, or a boxed ProcessGroup
+            group = (named.get(name) if type(name) is str else None) or tap._group(name)
+            call = tap._begin(group, op, None if gathers else first)
+            result = redispatch(keys, *args, **kwargs)
             if call is not None:
-                tap._issued_tensors(call, op, result)
+                try:
+                    if gathers:
+                        call.num_bytes = tensors_bytes(result)
+                    pending = tap._pending_tensors
+                    if len(pending) >= _MAX_PENDING:
+                        pending.pop(next(iter(pending)))
+                    if type(result) is _Tensor:
+                        pending[result.data_ptr()] = call
+                    else:
+                        for tensor in result:
+                            pending[tensor.data_ptr()] = call
+                except Exception as exc:
+                    tap._fail(exc)
             return result
 
         return kernel
 
-    def _issued_tensors(self, call: CollectiveCall, op: str, result: Any) -> None:
-        try:
-            if op == "all_gather":
-                call.num_bytes = tensors_bytes(result)
-            pending = self._pending_tensors
-            if len(pending) >= _MAX_PENDING:
-                pending.pop(next(iter(pending)))
-            for tensor in result if isinstance(result, list | tuple) else (result,):
-                pending[tensor.data_ptr()] = call
-        except Exception as exc:
-            self._fail(exc)
-
     def _wait_kernel(self, overload: Any, after: Any) -> Callable[..., Any]:
         tap = self
+        redispatch = overload._handle.redispatch_boxed
 
         def wait_tensor(keyset: Any, tensor: Any) -> Any:
             keys = keyset & after
-            if not tap.enabled or not _is_real(tensor):
-                return overload.redispatch(keys, tensor)
+            if not tap.enabled or type(tensor) is not _Tensor or not tap._pending_tensors:
+                return redispatch(keys, tensor)
             try:
                 call = tap._pending_tensors.pop(tensor.data_ptr(), None)
             except Exception as exc:
                 tap._fail(exc)
                 call = None
             if call is None:
-                return overload.redispatch(keys, tensor)
-            return tap._timed_wait(call, overload.redispatch, keys, tensor)
+                return redispatch(keys, tensor)
+            return tap._timed_wait(call, redispatch, keys, tensor)
 
         return wait_tensor
-
-
-def _is_real(value: Any) -> bool:
-    """A plain tensor, or a list of them (not a FakeTensor or other subclass)."""
-    if isinstance(value, list | tuple):
-        return bool(value) and type(value[0]) is torch.Tensor
-    return type(value) is torch.Tensor
 
 
 def _completed_seq(call: CollectiveCall) -> None:

@@ -202,7 +202,7 @@ class Watchdog:
     def _observe(self, now: float) -> TrainingState:
         """Read the training thread's state; note progress and step cycle times."""
         state = self._state()
-        completed = tuple(info.completed_seq for info in list(self._groups._by_name.values()))
+        completed = tuple(info.completed_seq for info in list(self._groups.by_name.values()))
         signature = (
             state.step,
             state.ended_step,
@@ -262,7 +262,7 @@ class Watchdog:
             }
         mesh_dims = self._groups.mesh_dims
         unfinished = self._unfinished_on_device()
-        groups = list(self._groups._by_name.values())
+        groups = list(self._groups.by_name.values())
         if len(groups) > MAX_FRONTIERS:  # the groups in flight first, then the busiest
             groups.sort(key=lambda g: (g.seq > g.completed_seq, g.seq), reverse=True)
             groups = groups[:MAX_FRONTIERS]

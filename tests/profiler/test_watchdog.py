@@ -399,7 +399,7 @@ def test_on_a_device_clock_the_completed_frontier_is_what_the_device_finished() 
     # CUDA work's futures complete at enqueue; the end events say when the GPU is done.
     group = GroupInfo(name="0", size=2, ranks="0-1", seq=5, completed_seq=5)
     groups = GroupRegistry()
-    groups._by_name["0"] = group
+    groups.by_name["0"] = group
     calls = [
         CollectiveCall(op="all_reduce", group=group, num_bytes=4, start=0, end=end, seq=seq)
         for seq, end in ((3, "done"), (4, "done"), (5, "running"))
