@@ -646,3 +646,48 @@ def hang_windows(findings: Iterable[Mapping[str, Any]]) -> list[tuple[float, flo
             detected = since + float(evidence.get("detection_s") or 0.0)
         out.append((float(since), float(detected)))
     return out
+
+
+def without_lifecycle(steps: pl.DataFrame, world_size: int) -> Lifecycles:
+    """Lifecycles for a job whose profilers sent none: one process per rank, starting at the
+    first step (restarts are not seen)."""
+    first_ts = float(steps["ts"].min()) if steps.height else math.nan  # type: ignore[arg-type]
+    first_step = int(steps["step"].min()) if steps.height else None  # type: ignore[arg-type]
+    processes = pl.DataFrame(
+        {
+            "rank": list(range(world_size)),
+            "incarnation": [""] * world_size,
+            "started_at": [first_ts] * world_size,
+            "restart_count": [None] * world_size,
+            "submitted_at": [None] * world_size,
+            "first_step": [first_step] * world_size,
+            "first_step_ts": [first_ts] * world_size,
+            "resumed_from": [None] * world_size,
+            "exit_ts": [None] * world_size,
+            "last_phase_end": [None] * world_size,
+            "index": [0] * world_size,
+            "last_ts": [None] * world_size,
+        },
+        schema_overrides={
+            "restart_count": pl.Int64,
+            "submitted_at": pl.Float64,
+            "first_step": pl.Int64,
+            "resumed_from": pl.Int64,
+            "exit_ts": pl.Float64,
+            "last_phase_end": pl.Float64,
+            "index": pl.Int64,
+            "last_ts": pl.Float64,
+        },
+    )
+    empty = lifecycles(
+        pl.DataFrame(
+            schema={
+                "rank": pl.Int64,
+                "ts": pl.Float64,
+                "kind": pl.String,
+                "message": pl.String,
+                "attributes": pl.String,
+            }
+        )
+    )
+    return Lifecycles(processes=processes, phases=empty.phases, exceptions=empty.exceptions)

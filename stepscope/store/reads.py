@@ -9,6 +9,7 @@ the float32 vectors of 625 rank buckets × 1,024 ranks in 18 ms against 38 / 62 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -372,3 +373,31 @@ def read_events(engine: sa.Engine, job_id: str, limit: int) -> list[dict[str, An
     query = sa.select(t).where(t.c.job_id == job_id).order_by(t.c.ts, t.c.rank).limit(limit)
     with engine.connect() as conn:
         return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def read_events_of_kinds(engine: sa.Engine, job_id: str, kinds: Sequence[str]) -> pl.DataFrame:
+    """The job's events of these kinds: rank, ts, kind, message, attributes (as stored)."""
+    t = tables.events
+    query = (
+        sa.select(t.c.rank, t.c.ts, t.c.kind, t.c.message, t.c.attributes)
+        .where(t.c.job_id == job_id, t.c.kind.in_(list(kinds)))
+        .order_by(t.c.ts, t.c.rank)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return pl.DataFrame(
+        {
+            "rank": [r[0] for r in rows],
+            "ts": [r[1] for r in rows],
+            "kind": [r[2] for r in rows],
+            "message": [r[3] for r in rows],
+            "attributes": [r[4] if isinstance(r[4], str) else json.dumps(r[4]) for r in rows],
+        },
+        schema={
+            "rank": pl.Int64,
+            "ts": pl.Float64,
+            "kind": pl.String,
+            "message": pl.String,
+            "attributes": pl.String,
+        },
+    )

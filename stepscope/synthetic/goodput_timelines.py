@@ -67,6 +67,8 @@ class Scenario:
     declare_resume: bool = True
     submitted_before_s: float | None = 120.0
     seed: int = 0
+    rank_rows: bool = False
+    """Keep every rank's step rows (Timeline.rank_rows) as the store would: small jobs only."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,6 +90,8 @@ class Timeline:
     ml-goodput-measurement's single writer records."""
     rank0_job_starts: list[float]
     lost_steps: list[list[int]]
+    rank_rows: pl.DataFrame | None = None
+    """rank, step, ts, step_s, data_s, comm_wait_s: every rank's stored rows (on request)."""
 
     @property
     def total_s(self) -> float:
@@ -101,6 +105,7 @@ def generate(s: Scenario) -> Timeline:
     ranks = np.arange(w)
     truth = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     rows: dict[int, tuple[float, ...]] = {}
+    per_rank: list[tuple[int, int, float, float, float, float]] = []
     events: list[tuple[int, float, str, str | None, str]] = []
     hangs: list[tuple[float, float]] = []
     rank0_steps: list[tuple[int, float]] = []
@@ -206,6 +211,11 @@ def generate(s: Scenario) -> Timeline:
                 truth[c] += v
             if step not in rows:  # the store keeps a (rank, step)'s first row
                 comm_wait = wait
+                if s.rank_rows:
+                    per_rank += [
+                        (int(r), step, t, step_s, float(data[r]), float(comm_wait[r]))
+                        for r in ranks
+                    ]
                 rows[step] = (
                     t,
                     w,
@@ -271,6 +281,13 @@ def generate(s: Scenario) -> Timeline:
         rank0_step_starts=rank0_steps,
         rank0_job_starts=rank0_job_starts,
         lost_steps=lost_steps,
+        rank_rows=pl.DataFrame(
+            per_rank,
+            schema=["rank", "step", "ts", "step_s", "data_s", "comm_wait_s"],
+            orient="row",
+        )
+        if s.rank_rows
+        else None,
     )
 
 
