@@ -75,7 +75,7 @@ class Lifecycles:
     phases: pl.DataFrame
     """rank, ts, name, duration_s, category."""
     exceptions: pl.DataFrame
-    """rank, ts, message."""
+    """rank, ts, message, step (the step it interrupted, when the profiler knew it)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,7 +91,9 @@ class Incarnation:
     resumed_at: int | None
     """The step the next incarnation resumed at; steps from it on ran again (lost)."""
     lost_steps: list[int] | None
-    """[first, last] step whose progress was lost, None when none was."""
+    """[first, last] step run to its end whose progress was lost, None when none was."""
+    interrupted_step: int | None
+    """The step an exception interrupted (the profiler's `step` attribute), if known."""
     categories: dict[str, float]
     """GPU-seconds per category inside this incarnation (restart downtime: after it)."""
     failure: dict[str, Any] | None
@@ -131,12 +133,14 @@ def lifecycles(events: pl.DataFrame) -> Lifecycles:
         "rank", "ts", "kind", "message", "attributes"
     ).iter_rows():
         last_ts[rank] = max(last_ts.get(rank, -math.inf), ts)
-        if kind == "exception":
-            exceptions.append({"rank": rank, "ts": ts, "message": message})
-            continue
-        if kind not in ("start", "resume", "phase", "exit"):
+        if kind not in ("start", "resume", "phase", "exit", "exception"):
             continue
         attrs = _attributes(attributes)
+        if kind == "exception":
+            step = attrs.get("step")
+            step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            exceptions.append({"rank": rank, "ts": ts, "message": message, "step": step})
+            continue
         incarnation = str(attrs.get("incarnation", ""))
         row = rows.setdefault((rank, incarnation), {"rank": rank, "incarnation": incarnation})
         if kind == "start":
@@ -200,7 +204,8 @@ def lifecycles(events: pl.DataFrame) -> Lifecycles:
             },
         ),
         exceptions=pl.DataFrame(
-            exceptions, schema={"rank": pl.Int64, "ts": pl.Float64, "message": pl.String}
+            exceptions,
+            schema={"rank": pl.Int64, "ts": pl.Float64, "message": pl.String, "step": pl.Int64},
         ),
     )
 
@@ -343,6 +348,7 @@ def goodput(
             ]
             end = min(max(a for a in activity if math.isfinite(a)), window_end)
         resumed_at = _resume_step(nxt)
+        interrupted = _min_int(exceptions.filter(pl.Series(exc_inc == k))["step"])
         # Per process: [start, first step) is startup; restart downtime follows the end.
         for row in procs.iter_rows(named=True):
             first_ts = row["first_step_ts"]
@@ -359,13 +365,22 @@ def goodput(
         hang_detection_s: float | None = None
         last_end = last_end if math.isfinite(last_end) else end
         lost_start = last_end
+        has_lost = False
         if k_steps.height and n_k:
             step_no = k_steps["step"].to_numpy()
             lost = step_no >= resumed_at if resumed_at is not None else np.zeros_like(step_no, bool)
             kept_steps = k_steps.filter(pl.Series(~lost))
             lost_start = float(np.min(k_steps["ts"].to_numpy()[lost])) if lost.any() else last_end
-            if lost.any():
-                lost_steps = [int(step_no[lost].min()), int(step_no[lost].max())]
+            has_lost = bool(lost.any())
+            if has_lost:
+                # The step an exception interrupted is lost, but was never run to its end.
+                done = (
+                    step_no[lost & (step_no < interrupted)]
+                    if interrupted is not None
+                    else step_no[lost]
+                )
+                if done.size:
+                    lost_steps = [int(done.min()), int(done.max())]
                 cats["lost_progress"] += n_k * max(0.0, last_end - lost_start)
             _in_steps(kept_steps, cats, ideal_s, typical_max_s, k_hangs, config)
             # Steps run again whose rows the store holds from the earlier run: kept progress.
@@ -405,7 +420,7 @@ def goodput(
             elif phase_ts[i] >= last_end:
                 window = "hang" if k_hangs else "unaccounted" if is_last else "lost_progress"
                 cats[window] -= phase_dur[i]
-            elif lost_steps is not None and phase_ts[i] >= lost_start:
+            elif has_lost and phase_ts[i] >= lost_start:
                 cats["lost_progress"] -= phase_dur[i]
             # else: the rerun span left it out already, or the kept span's gaps (the
             # unaccounted remainder) hold it
@@ -431,6 +446,7 @@ def goodput(
                 last_step=int(k_steps["step"].max()) if k_steps.height else None,  # type: ignore[arg-type]
                 resumed_at=resumed_at,
                 lost_steps=lost_steps,
+                interrupted_step=interrupted,
                 categories=cats,
                 failure=failure,
                 hang_detection_s=hang_detection_s,
@@ -622,6 +638,7 @@ def as_dict(result: Goodput) -> dict[str, Any]:
                 "last_step": i.last_step,
                 "resumed_at": i.resumed_at,
                 "lost_steps": i.lost_steps,
+                "interrupted_step": i.interrupted_step,
                 "categories": dict(i.categories),
                 "failure": i.failure,
                 "hang_detection_s": i.hang_detection_s,

@@ -97,6 +97,8 @@ class _Step:
         if prof._broken:
             return False
         try:
+            if exc_type is not None:
+                prof._failed_step = self._index if self._index is not None else prof._next_index - 1
             prof._end_step(failed=exc_type is not None)
         except Exception as exc:
             prof._fail(exc)
@@ -235,6 +237,7 @@ class ActiveProfiler(Profiler):
         self._main_thread_id = threading.get_ident()
         self._watchdog: Watchdog | None = None
         self._resumed_from: int | None = None
+        self._failed_step: int | None = None
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -444,7 +447,8 @@ class ActiveProfiler(Profiler):
         tb: TracebackType | None,
     ) -> Literal[False]:
         if exc is not None:
-            self.event("exception", f"{type(exc).__name__}: {exc}")
+            failed_step = self._failed_step if self._failed_step is not None else self._next_index
+            self.event("exception", f"{type(exc).__name__}: {exc}", step=failed_step)
         self.close(failed=exc is not None)
         return False
 

@@ -190,7 +190,8 @@ def generate(s: Scenario) -> Timeline:
                     abort = detected + failure.abort_s
                     hangs.append((t, detected))
                     truth["hang"] += w * (abort - t)
-                    events.append((failure.rank, abort, "exception", "hang: aborted", "{}"))
+                    attrs = json.dumps({"step": step})
+                    events.append((failure.rank, abort, "exception", "hang: aborted", attrs))
                     t = abort
                 break
             stall_s = s.stall[1] if s.stall is not None and s.stall[0] == step else 0.0

@@ -114,7 +114,7 @@ def test_the_worked_example_of_the_docs() -> None:
             _event(r, 72.5, "resume", incarnation=second, step=5, resumed_from=5),
             _event(r, 77.5, "exit", incarnation=second),
         ]
-    events.append(_event(2, 32.5, "exception", "RuntimeError: injected failure"))
+    events.append(_event(2, 32.5, "exception", "RuntimeError: injected failure", step=8))
     starts = [20.0, 21.0, 22.0, 23.0, 24.0, 29.0, 30.0, 31.0]  # steps 0-7, first run
     steps = pl.DataFrame(
         {
@@ -153,6 +153,11 @@ def test_the_worked_example_of_the_docs() -> None:
     assert result.layers["runtime"] == pytest.approx(40 / 310)
     assert result.layers["program"] == pytest.approx(0.8)
     first, second = result.incarnations
-    assert first.lost_steps == [5, 7]
-    assert first.failure == {"rank": 2, "ts": 32.5, "message": "RuntimeError: injected failure"}
+    assert (first.lost_steps, first.interrupted_step) == ([5, 7], 8)
+    assert first.failure == {
+        "rank": 2,
+        "ts": 32.5,
+        "message": "RuntimeError: injected failure",
+        "step": 8,
+    }
     assert (second.first_step, second.resumed_at) == (5, None)

@@ -37,7 +37,9 @@ class IncarnationRead(BaseModel):
     resumed_at: int | None
     """The step the next incarnation resumed at (steps from it on ran again)."""
     lost_steps: list[int] | None
-    """[first, last] step whose progress was lost."""
+    """[first, last] step run to its end whose progress was lost."""
+    interrupted_step: int | None
+    """The step an exception interrupted, when the profiler knew it."""
     failure: dict[str, Any] | None
     """The first exception of the incarnation: rank, ts, message."""
     hang_detection_s: float | None
@@ -122,6 +124,7 @@ def job_goodput_route(
                 last_step=i.last_step,
                 resumed_at=i.resumed_at,
                 lost_steps=i.lost_steps,
+                interrupted_step=i.interrupted_step,
                 failure=i.failure,
                 hang_detection_s=i.hang_detection_s,
                 categories=_categories(i.categories, r.total_s),
