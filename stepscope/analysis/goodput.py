@@ -326,7 +326,7 @@ def goodput(
     exc_inc = np.maximum(np.searchsorted(starts, exc_ts, side="right") - 1, 0)
 
     for k in range(starts.size):
-        cats = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+        cats: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
         procs = processes.filter(pl.col("index") == k)
         nxt = processes.filter(pl.col("index") == k + 1)
         is_last = k == starts.size - 1
@@ -384,7 +384,7 @@ def goodput(
                 cats["lost_progress"] += n_k * max(0.0, last_end - lost_start)
             _in_steps(kept_steps, cats, ideal_s, typical_max_s, k_hangs, config)
             # Steps run again whose rows the store holds from the earlier run: kept progress.
-            first_stored = float(kept_steps["ts"].min()) if kept_steps.height else lost_start
+            first_stored = _nanmin(kept_steps["ts"].to_numpy()) if kept_steps.height else lost_start
             first_step = _min_int(stepping["first_step"])
             first_kept = _min_int(kept_steps["step"]) if kept_steps.height else None
             if first_step is not None and (first_kept is None or first_kept > first_step):

@@ -103,7 +103,7 @@ def generate(s: Scenario) -> Timeline:
     rng = np.random.default_rng(s.seed)
     w = s.world_size
     ranks = np.arange(w)
-    truth = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+    truth: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     rows: dict[int, tuple[float, ...]] = {}
     per_rank: list[tuple[int, int, float, float, float, float]] = []
     events: list[tuple[int, float, str, str | None, str]] = []
@@ -190,8 +190,8 @@ def generate(s: Scenario) -> Timeline:
                     abort = detected + failure.abort_s
                     hangs.append((t, detected))
                     truth["hang"] += w * (abort - t)
-                    attrs = json.dumps({"step": step})
-                    events.append((failure.rank, abort, "exception", "hang: aborted", attrs))
+                    step_doc = json.dumps({"step": step})
+                    events.append((failure.rank, abort, "exception", "hang: aborted", step_doc))
                     t = abort
                 break
             stall_s = s.stall[1] if s.stall is not None and s.stall[0] == step else 0.0
