@@ -511,18 +511,21 @@ def _in_steps(
     wait = kept["comm_wait_s_sum"].to_numpy().astype(np.float64)
     transfer = np.minimum(kept["transfer_s_sum"].to_numpy().astype(np.float64), wait)
     ts = kept["ts"].to_numpy().astype(np.float64)
-    stalled = (step_max >= config.stall_factor * typical_max_s) & (
-        step_max - typical_max_s >= config.min_stall_s
-    )
-    for start, detected in hangs:
-        stalled |= (ts <= start) & (ts + step_max >= start) & (step_max - typical_max_s > 0)
-        del detected
-    warm = np.zeros_like(stalled)
-    order = np.argsort(ts)
-    for i in order[: config.warmup_steps]:
-        if step_max[i] <= config.warmup_factor * typical_max_s or stalled[i]:
+    by_finding = np.zeros(ts.shape, dtype=bool)
+    for start, _detected in hangs:
+        by_finding |= (ts <= start) & (ts + step_max > start + 1e-3) & (step_max > typical_max_s)
+    # The first slow steps of an incarnation are warm-up, however slow, unless a hang was
+    # detected in them: a 10-minute first-step compile is not a stall.
+    warm = np.zeros(ts.shape, dtype=bool)
+    for i in np.argsort(ts)[: config.warmup_steps]:
+        if step_max[i] <= config.warmup_factor * typical_max_s or by_finding[i]:
             break
         warm[i] = True
+    stalled = by_finding | (
+        ~warm
+        & (step_max >= config.stall_factor * typical_max_s)
+        & (step_max - typical_max_s >= config.min_stall_s)
+    )
     excess = np.where(
         (warm | stalled) & (step_sum > 0),
         np.clip(1.0 - n * ideal_s / np.where(step_sum > 0, step_sum, 1.0), 0.0, 1.0),

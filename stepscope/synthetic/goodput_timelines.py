@@ -35,7 +35,7 @@ class Failure:
     abort_s: float = 10.0
     """A hang: from its detection to the abort."""
     at_fraction: float = 0.5
-    """A crash: how far into the step it happens."""
+    """A crash: how far into the step it happens (0: between steps, before it began)."""
     rank: int = 0
 
 
@@ -162,8 +162,9 @@ def generate(s: Scenario) -> Timeline:
                 truth["eval"] += w * s.eval_s
                 _phase(events, ranks, inc_ids, t, "eval", s.eval_s)
                 t += s.eval_s
-            rank0_steps.append((step, t))
             failure = failures.pop(step, None)
+            if failure is None or failure.kind == "hang" or failure.at_fraction > 0:
+                rank0_steps.append((step, t))  # a crash at fraction 0 comes before the step
             normal = s.step_s * (1.0 + s.noise * rng.standard_normal(w))
             compute = normal.copy()
             if s.slow is not None and s.slow[1] <= step <= s.slow[2]:
