@@ -315,7 +315,7 @@ def goodput(
     totals: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     incarnations: list[Incarnation] = []
     first_starts = processes.filter(pl.col("index") == 0)["started_at"].to_numpy()
-    totals["startup"] += float(np.sum(first_starts - job_start))  # waiting for its launch
+    launch_s = float(np.sum(first_starts - job_start))  # ranks waiting for their launch
     phase_cat = phases["category"].to_list()
     phase_ts = phases["ts"].to_numpy().astype(np.float64)
     phase_dur = phases["duration_s"].to_numpy().astype(np.float64)
@@ -327,6 +327,8 @@ def goodput(
 
     for k in range(starts.size):
         cats: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+        if k == 0:
+            cats["startup"] += launch_s
         procs = processes.filter(pl.col("index") == k)
         nxt = processes.filter(pl.col("index") == k + 1)
         is_last = k == starts.size - 1
@@ -429,6 +431,8 @@ def goodput(
         )
         if not is_last:
             span += cats["restart_downtime"]
+        if k == 0:
+            span += launch_s
         cats["unaccounted"] += span - sum(v for c, v in cats.items() if c != "unaccounted")
         for c in GOODPUT_CATEGORIES:
             totals[c] += cats[c]

@@ -14,6 +14,7 @@ from stepscope.api.goodput_read import GoodputRead
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 from stepscope.schema import FINDINGS, Finding
 from stepscope.text.findings import finding_line, mesh_sentence
+from stepscope.text.goodput import responsible_text, top_badput
 from stepscope.text.labels import goodput_category
 from stepscope.text.numbers import integer, known, rate, seconds, share, when
 
@@ -113,17 +114,6 @@ def print_findings(findings: list[Finding], output: str) -> None:
     print_finding_lines(findings)
 
 
-def _who(entries: list[dict[str, object]]) -> str:
-    """The ranks (or node) an entry of GoodputRead.responsible names, briefly."""
-    if not entries:
-        return ""
-    first = entries[0]
-    if first.get("node"):
-        return f" (node {first['node']})"
-    ranks = first.get("ranks") or []
-    return f" (rank {', '.join(map(str, list(ranks)[:4]))})" if ranks else ""  # type: ignore[call-overload]
-
-
 def goodput_headline(g: GoodputRead) -> list[str]:
     """The goodput in two lines: the share and GPU-hours lost, and the top three causes."""
     if g.total_gpu_s <= 0:
@@ -134,15 +124,10 @@ def goodput_headline(g: GoodputRead) -> list[str]:
         f"goodput        {share(g.goodput)} of {g.total_gpu_s / 3600:,.2f} GPU-h; "
         f"{lost_h:,.2f} GPU-h lost; {restarts} restart(s)"
     ]
-    badput = sorted(
-        ((c, v) for c, v in g.categories.items() if c != "productive" and v.gpu_s > 0),
-        key=lambda item: -item[1].gpu_s,
-    )[:3]
+    gpu_s = {c: v.gpu_s for c, v in g.categories.items()}
+    badput = top_badput(gpu_s, g.total_gpu_s, g.responsible)
     if badput:
-        causes = ", ".join(
-            f"{goodput_category(c)} {share(v.share)}{_who(g.responsible.get(c, []))}"
-            for c, v in badput
-        )
+        causes = ", ".join(badput)
         line = f"top badput     {causes}"
         lines.append(line if len(line) <= 80 else line[:79] + "…")
     return lines
@@ -154,7 +139,7 @@ def print_goodput(g: GoodputRead) -> None:
     for category, value in g.categories.items():
         if abs(value.share) < 5e-4 and category != "productive":
             continue  # nothing there (unaccounted can be a rounding residue)
-        who = _who(g.responsible.get(category, []))
+        who = responsible_text(g.responsible.get(category, []))
         typer.echo(
             f"  {goodput_category(category):<16} {value.gpu_s / 3600:>10,.3f} GPU-h "
             f"{share(value.share):>7}{who}"[:80]
