@@ -14,10 +14,9 @@ and the later run's time on them is known only as a span (counted productive).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -123,101 +122,122 @@ class Goodput:
         return self.categories.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
 
 
+_ATTRIBUTES = pl.Struct(
+    {
+        "incarnation": pl.String,
+        "restart_count": pl.Int64,
+        "submitted_at": pl.Float64,
+        "step": pl.Int64,
+        "resumed_from": pl.Int64,
+        "name": pl.String,
+        "duration_s": pl.Float64,
+    }
+)
+"""The lifecycle attributes read (schema.LIFECYCLE_ATTRIBUTES; validated at ingest)."""
+_PROCESS_SCHEMA = {
+    "rank": pl.Int64,
+    "incarnation": pl.String,
+    "started_at": pl.Float64,
+    "restart_count": pl.Int64,
+    "submitted_at": pl.Float64,
+    "first_step": pl.Int64,
+    "first_step_ts": pl.Float64,
+    "resumed_from": pl.Int64,
+    "exit_ts": pl.Float64,
+    "last_phase_end": pl.Float64,
+    "index": pl.Int64,
+    "last_ts": pl.Float64,
+}
+
+
 def lifecycles(events: pl.DataFrame) -> Lifecycles:
     """The lifecycles in a job's events (rank, ts, kind, message, attributes as JSON text)."""
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
-    phases: list[dict[str, Any]] = []
-    exceptions: list[dict[str, Any]] = []
-    last_ts: dict[int, float] = {}
-    for rank, ts, kind, message, attributes in events.select(
-        "rank", "ts", "kind", "message", "attributes"
-    ).iter_rows():
-        last_ts[rank] = max(last_ts.get(rank, -math.inf), ts)
-        if kind not in ("start", "resume", "phase", "exit", "exception"):
-            continue
-        attrs = _attributes(attributes)
-        if kind == "exception":
-            step = attrs.get("step")
-            step = step if isinstance(step, int) and not isinstance(step, bool) else None
-            exceptions.append({"rank": rank, "ts": ts, "message": message, "step": step})
-            continue
-        incarnation = str(attrs.get("incarnation", ""))
-        row = rows.setdefault((rank, incarnation), {"rank": rank, "incarnation": incarnation})
-        if kind == "start":
-            row["started_at"] = ts
-            row["restart_count"] = attrs.get("restart_count")
-            row["submitted_at"] = attrs.get("submitted_at")
-        elif kind == "resume":
-            if row.get("first_step_ts") is None or ts < row["first_step_ts"]:
-                row["first_step"], row["first_step_ts"] = attrs.get("step"), ts
-            if attrs.get("resumed_from") is not None:
-                row["resumed_from"] = attrs["resumed_from"]
-        elif kind == "exit":
-            row["exit_ts"] = ts
-        else:
-            duration_s = float(attrs.get("duration_s") or 0.0)
-            name = str(attrs.get("name"))
-            phases.append(
-                {
-                    "rank": rank,
-                    "ts": ts,
-                    "name": name,
-                    "duration_s": duration_s,
-                    "category": PHASE_CATEGORIES.get(name, "other_phase"),
-                }
-            )
-            row["last_phase_end"] = max(row.get("last_phase_end", -math.inf), ts + duration_s)
-    for row in rows.values():
-        if row.get("started_at") is None:  # no start seen: the process began by its first record
-            row["started_at"] = row.get("first_step_ts") or row.get("exit_ts")
-    processes = pl.DataFrame(
-        [r for r in rows.values() if r.get("started_at") is not None],
-        schema={
-            "rank": pl.Int64,
-            "incarnation": pl.String,
-            "started_at": pl.Float64,
-            "restart_count": pl.Int64,
-            "submitted_at": pl.Float64,
-            "first_step": pl.Int64,
-            "first_step_ts": pl.Float64,
-            "resumed_from": pl.Int64,
-            "exit_ts": pl.Float64,
-            "last_phase_end": pl.Float64,
-        },
-    ).sort("rank", "started_at")
-    processes = processes.with_columns(
-        pl.int_range(pl.len()).over("rank").alias("index"),
-        pl.col("rank")
-        .replace_strict(last_ts, default=None, return_dtype=pl.Float64)
-        .alias("last_ts"),
+    events = events.select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("ts").cast(pl.Float64),
+        pl.col("kind").cast(pl.String),
+        pl.col("message").cast(pl.String),
+        pl.col("attributes").cast(pl.String).fill_null("{}"),
     )
-    return Lifecycles(
-        processes=processes,
-        phases=pl.DataFrame(
-            phases,
-            schema={
-                "rank": pl.Int64,
-                "ts": pl.Float64,
-                "name": pl.String,
-                "duration_s": pl.Float64,
-                "category": pl.String,
-            },
-        ),
-        exceptions=pl.DataFrame(
-            exceptions,
-            schema={"rank": pl.Int64, "ts": pl.Float64, "message": pl.String, "step": pl.Int64},
-        ),
+    life = events.filter(pl.col("kind").is_in(["start", "resume", "phase", "exit"]))
+    life = life.with_columns(pl.col("attributes").str.json_decode(_ATTRIBUTES).alias("a")).unnest(
+        "a"
     )
-
-
-def _attributes(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(value) if value else {}
-    except (TypeError, ValueError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+    key = ["rank", "incarnation"]
+    starts = (
+        life.filter(pl.col("kind") == "start")
+        .group_by(key)
+        .agg(
+            pl.col("ts").min().alias("started_at"),
+            pl.col("restart_count").first(),
+            pl.col("submitted_at").first(),
+        )
+    )
+    resumes = (
+        life.filter(pl.col("kind") == "resume")
+        .sort("ts")
+        .group_by(key)
+        .agg(
+            pl.col("ts").first().alias("first_step_ts"),
+            pl.col("step").first().alias("first_step"),
+            pl.col("resumed_from").drop_nulls().last(),
+        )
+    )
+    exits = (
+        life.filter(pl.col("kind") == "exit").group_by(key).agg(pl.col("ts").max().alias("exit_ts"))
+    )
+    phase_rows = life.filter(pl.col("kind") == "phase").select(
+        "rank",
+        "incarnation",
+        "ts",
+        pl.col("name").fill_null(""),
+        pl.col("duration_s").fill_null(0.0),
+    )
+    phase_ends = phase_rows.group_by(key).agg(
+        (pl.col("ts") + pl.col("duration_s")).max().alias("last_phase_end")
+    )
+    last_ts = (
+        events.filter(pl.col("kind").is_in(["start", "resume", "phase", "exit", "exception"]))
+        .group_by("rank")
+        .agg(pl.col("ts").max().alias("last_ts"))
+    )
+    processes = (
+        life.select(key)
+        .unique()
+        .join(starts, on=key, how="left", nulls_equal=True)
+        .join(resumes, on=key, how="left", nulls_equal=True)
+        .join(exits, on=key, how="left", nulls_equal=True)
+        .join(phase_ends, on=key, how="left", nulls_equal=True)
+        .join(last_ts, on="rank", how="left")
+        .with_columns(
+            # No start seen: the process began by its first record.
+            pl.coalesce("started_at", "first_step_ts", "exit_ts").alias("started_at")
+        )
+        .filter(pl.col("started_at").is_not_null())
+        .sort("rank", "started_at")
+        .with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("index"))
+        .select(_PROCESS_SCHEMA.keys())
+        .cast(_PROCESS_SCHEMA)  # type: ignore[arg-type]
+    )
+    phases = phase_rows.select(
+        "rank",
+        "ts",
+        "name",
+        "duration_s",
+        pl.col("name")
+        .replace_strict(PHASE_CATEGORIES, default="other_phase", return_dtype=pl.String)
+        .alias("category"),
+    )
+    exceptions = events.filter(pl.col("kind") == "exception").select(
+        "rank",
+        "ts",
+        "message",
+        pl.col("attributes")
+        .str.json_path_match("$.step")
+        .cast(pl.Int64, strict=False)
+        .alias("step"),
+    )
+    return Lifecycles(processes=processes, phases=phases, exceptions=exceptions)
 
 
 def job_steps(rollup: pl.DataFrame) -> pl.DataFrame:
@@ -316,7 +336,7 @@ def goodput(
     incarnations: list[Incarnation] = []
     first_starts = processes.filter(pl.col("index") == 0)["started_at"].to_numpy()
     launch_s = float(np.sum(first_starts - job_start))  # ranks waiting for their launch
-    phase_cat = phases["category"].to_list()
+    phase_cat = phases["category"].to_numpy().astype(str)
     phase_ts = phases["ts"].to_numpy().astype(np.float64)
     phase_dur = phases["duration_s"].to_numpy().astype(np.float64)
     phase_rank = phases["rank"].to_numpy()
@@ -352,14 +372,16 @@ def goodput(
         resumed_at = _resume_step(nxt)
         interrupted = _min_int(exceptions.filter(pl.Series(exc_inc == k))["step"])
         # Per process: [start, first step) is startup; restart downtime follows the end.
-        for row in procs.iter_rows(named=True):
-            first_ts = row["first_step_ts"]
-            startup_end = min(first_ts if first_ts is not None else end, end)
-            cats["startup"] += max(0.0, startup_end - row["started_at"])
-            if not is_last:
-                following = nxt.filter(pl.col("rank") == row["rank"])["started_at"]
-                restart_at = following[0] if following.len() else end
-                cats["restart_downtime"] += max(0.0, restart_at - end)
+        started = procs["started_at"].to_numpy().astype(np.float64)
+        first_ts_of = procs["first_step_ts"].fill_null(np.nan).to_numpy().astype(np.float64)
+        startup_end = np.minimum(np.where(np.isnan(first_ts_of), end, first_ts_of), end)
+        cats["startup"] += float(np.sum(np.maximum(0.0, startup_end - started)))
+        if not is_last:
+            following = procs.select("rank").join(
+                nxt.select("rank", pl.col("started_at").alias("restart_at")), on="rank", how="left"
+            )
+            restart_at = following["restart_at"].fill_null(end).to_numpy().astype(np.float64)
+            cats["restart_downtime"] += float(np.sum(np.maximum(0.0, restart_at - end)))
         stepping = procs.filter(pl.col("first_step_ts").is_not_null())
         n_k = stepping.height
         first_ts_sum = float(stepping["first_step_ts"].sum()) if n_k else 0.0
@@ -399,7 +421,7 @@ def goodput(
                     - first_ts_sum
                     - _phases_between(phases, stepping, first_stored)
                 )
-                _rerun(earlier, n_k, rerun_s, cats)
+                _rerun(earlier, n_k, rerun_s, cats, (ideal_s, typical_max_s), config)
             tail = n_k * max(0.0, end - last_end)
             if k_hangs:
                 cats["hang"] += tail
@@ -410,25 +432,34 @@ def goodput(
                 cats["lost_progress"] += tail  # the interrupted step
         elif n_k:  # stepped on no stored row (all superseded or none yet)
             rerun_s = n_k * end - first_ts_sum - _phases_between(phases, stepping, end)
-            _rerun(steps.filter(pl.col("ts") < starts[k]), n_k, rerun_s, cats)
+            earlier = steps.filter(pl.col("ts") < starts[k])
+            _rerun(earlier, n_k, rerun_s, cats, (ideal_s, typical_max_s), config)
         # Declared phases: their own category, out of the window they fell in.
         mine = phase_inc == k
-        for i in np.flatnonzero(mine):
-            cat = phase_cat[i]
-            cats[cat] += phase_dur[i]
-            first_ts = _first_ts_of(stepping, int(phase_rank[i]))
-            if first_ts is None or phase_ts[i] < first_ts:
-                cats["startup"] -= phase_dur[i]
-            elif phase_ts[i] >= last_end:
-                window = "hang" if k_hangs else "unaccounted" if is_last else "lost_progress"
-                cats[window] -= phase_dur[i]
-            elif has_lost and phase_ts[i] >= lost_start:
-                cats["lost_progress"] -= phase_dur[i]
-            # else: the rerun span left it out already, or the kept span's gaps (the
-            # unaccounted remainder) hold it
-        span = sum(
-            max(0.0, min(end, job_end) - row["started_at"]) for row in procs.iter_rows(named=True)
-        )
+        if mine.any():
+            ts_i, dur_i = phase_ts[mine], phase_dur[mine]
+            first_i = (
+                pl.DataFrame({"rank": phase_rank[mine]})
+                .join(stepping.select("rank", "first_step_ts"), on="rank", how="left")[
+                    "first_step_ts"
+                ]
+                .fill_null(np.inf)
+                .to_numpy()
+                .astype(np.float64)
+            )
+            cat_i = phase_cat[mine]
+            for cat in np.unique(cat_i):
+                cats[str(cat)] += float(dur_i[cat_i == cat].sum())
+            before = ts_i < first_i
+            after = ~before & (ts_i >= last_end)
+            in_lost = ~before & ~after & has_lost & (ts_i >= lost_start)
+            cats["startup"] -= float(dur_i[before].sum())
+            window = "hang" if k_hangs else "unaccounted" if is_last else "lost_progress"
+            cats[window] -= float(dur_i[after].sum())
+            cats["lost_progress"] -= float(dur_i[in_lost].sum())
+            # The others: the rerun span left them out already, or the kept span's gaps
+            # (the unaccounted remainder) hold them.
+        span = float(np.sum(np.maximum(0.0, min(end, job_end) - started)))
         if not is_last:
             span += cats["restart_downtime"]
         if k == 0:
@@ -551,28 +582,32 @@ def _phases_between(phases: pl.DataFrame, stepping: pl.DataFrame, until: float) 
     return float(inside["duration_s"].sum())
 
 
-def _rerun(earlier: pl.DataFrame, n: int, rerun_s: float, cats: dict[str, float]) -> None:
+def _rerun(
+    earlier: pl.DataFrame,
+    n: int,
+    rerun_s: float,
+    cats: dict[str, float],
+    ideal: tuple[float, float],
+    config: GoodputConfig,
+) -> None:
     """Steps run again whose rows the store holds from their earlier run: `rerun_s` GPU-seconds
-    of kept progress, split as the earlier run's time was; beyond what the earlier run took,
-    the excess is warm-up (compilation)."""
+    of kept progress, split as the earlier run's time was (a stall in them is hang again);
+    beyond what the earlier run took, the excess is warm-up (compilation)."""
     rerun_s = max(0.0, rerun_s)
-    per_rank = earlier.select(
-        (pl.col(c) / pl.col("num_ranks")).sum().alias(c)
+    before: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+    per_rank = earlier.with_columns(
+        (pl.col(c) / pl.col("num_ranks") * n).alias(c)
         for c in ("step_s_sum", "data_s_sum", "comm_wait_s_sum", "transfer_s_sum")
-    ).row(0, named=True)
-    before_s = n * (per_rank["step_s_sum"] or 0.0)
+    ).with_columns(pl.lit(n).alias("num_ranks"))
+    _in_steps(per_rank, before, ideal[0], ideal[1], (), replace(config, warmup_steps=0))
+    before_s = sum(before.values())
     if before_s <= 0:
         cats["productive"] += rerun_s
         return
     cats["compile"] += max(0.0, rerun_s - before_s)
     scale = min(rerun_s, before_s) / before_s
-    data = n * (per_rank["data_s_sum"] or 0.0) * scale
-    wait = n * (per_rank["comm_wait_s_sum"] or 0.0) * scale
-    transfer = min(wait, n * (per_rank["transfer_s_sum"] or 0.0) * scale)
-    cats["data"] += data
-    cats["exposed_comm"] += transfer
-    cats["straggler_wait"] += wait - transfer
-    cats["productive"] += min(rerun_s, before_s) - data - wait
+    for c, v in before.items():
+        cats[c] += v * scale
 
 
 def _resume_step(nxt: pl.DataFrame) -> int | None:
@@ -581,11 +616,6 @@ def _resume_step(nxt: pl.DataFrame) -> int | None:
         return None
     declared = _min_int(nxt["resumed_from"])
     return declared if declared is not None else _min_int(nxt["first_step"])
-
-
-def _first_ts_of(stepping: pl.DataFrame, rank: int) -> float | None:
-    ts = stepping.filter(pl.col("rank") == rank)["first_step_ts"]
-    return float(ts[0]) if ts.len() else None
 
 
 def _start_of(processes: pl.DataFrame, ts: np.ndarray[Any, Any]) -> float:
