@@ -407,21 +407,28 @@ def goodput(
                     lost_steps = [int(done.min()), int(done.max())]
                 cats["lost_progress"] += n_k * max(0.0, last_end - lost_start)
             _in_steps(kept_steps, cats, ideal_s, typical_max_s, k_hangs, config)
-            # Steps run again whose rows the store holds from the earlier run: kept progress.
-            first_stored = _nanmin(kept_steps["ts"].to_numpy()) if kept_steps.height else lost_start
+            # Steps run again whose rows the store holds from the earlier run: progress kept,
+            # unless the next incarnation resumed before them (then lost, pro rata).
+            first_stored = float(np.min(k_steps["ts"].to_numpy()))
             first_step = _min_int(stepping["first_step"])
-            first_kept = _min_int(kept_steps["step"]) if kept_steps.height else None
-            if first_step is not None and (first_kept is None or first_kept > first_step):
-                earlier = steps.filter(
-                    pl.col("step").is_between(first_step, (first_kept or first_step + 1) - 1)
-                    & (pl.col("ts") < starts[k])
-                )
+            first_row_step = int(step_no.min())
+            if first_step is not None and first_row_step > first_step:
                 rerun_s = (
                     n_k * first_stored
                     - first_ts_sum
                     - _phases_between(phases, stepping, first_stored)
                 )
-                _rerun(earlier, n_k, rerun_s, cats, (ideal_s, typical_max_s), config)
+                num_rerun = first_row_step - first_step
+                num_lost = 0
+                if resumed_at is not None:
+                    num_lost = min(num_rerun, max(0, first_row_step - max(resumed_at, first_step)))
+                cats["lost_progress"] += max(0.0, rerun_s) * num_lost / num_rerun
+                earlier = steps.filter(
+                    pl.col("step").is_between(first_step, first_row_step - num_lost - 1)
+                    & (pl.col("ts") < starts[k])
+                )
+                kept_s = rerun_s * (num_rerun - num_lost) / num_rerun
+                _rerun(earlier, n_k, kept_s, cats, (ideal_s, typical_max_s), config)
             tail = n_k * max(0.0, end - last_end)
             if k_hangs:
                 cats["hang"] += tail

@@ -50,7 +50,8 @@ class Scenario:
     startup_s: float = 30.0
     launch_jitter_s: float = 2.0
     load_s: float = 5.0
-    """checkpoint_load phase before the first step of a resumed incarnation."""
+    """checkpoint_load phase before the first step of a resumed incarnation (at most half of
+    startup_s)."""
     compile_steps: int = 2
     compile_factor: float = 5.0
     ckpt_every: int = 50
@@ -137,10 +138,10 @@ def generate(s: Scenario) -> Timeline:
         first_ts = float(starts.max()) + s.startup_s
         truth["startup"] += float(np.sum(first_ts - starts))
         if incarnation > 0 and s.load_s > 0:
-            load_ts = first_ts - s.load_s
-            truth["startup"] -= w * s.load_s
-            truth["checkpoint_load"] += w * s.load_s
-            _phase(events, ranks, inc_ids, load_ts, "checkpoint_load", s.load_s)
+            load_s = min(s.load_s, s.startup_s / 2)  # inside the initialisation
+            truth["startup"] -= w * load_s
+            truth["checkpoint_load"] += w * load_s
+            _phase(events, ranks, inc_ids, first_ts - load_s, "checkpoint_load", load_s)
         resumed_from = step
         for r in ranks:
             attrs = {"incarnation": inc_ids[r], "step": step}
