@@ -581,7 +581,7 @@ class ActiveProfiler(Profiler):
                 {
                     "ts": ts,
                     "kind": kind,
-                    "message": None,
+                    "message": _lifecycle_message(kind, attributes),
                     "attributes": {"incarnation": self.incarnation, **attributes},
                 },
             )
@@ -733,6 +733,18 @@ class ActiveProfiler(Profiler):
             )
         except Exception:
             log.debug("stepscope: could not report the internal error", exc_info=True)
+
+
+def _lifecycle_message(kind: str, attributes: dict[str, Any]) -> str:
+    """A lifecycle event in words, for the events list."""
+    if kind == "start":
+        restart = attributes.get("restart_count")
+        return "process started" + (f" (restart {restart})" if restart else "")
+    if kind == "resume":
+        return f"first step {attributes.get('step')}"
+    if kind == "phase":
+        return f"{attributes.get('name')} for {attributes.get('duration_s', 0.0):.3f} s"
+    return "exit (failed)" if attributes.get("failed") else "exit"
 
 
 def _device_type_of(model: Any) -> str | None:
