@@ -21,6 +21,7 @@ from pydantic import TypeAdapter
 
 from stepscope import __version__, query
 from stepscope.analysis.regression import JobData
+from stepscope.api.goodput_read import GoodputRead, goodput_read
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 
 
@@ -53,6 +54,8 @@ class JobStore(Protocol):
     def summary(self, job_id: str) -> JobSummaryRead: ...
 
     def findings(self, job_id: str) -> list[FindingRead]: ...
+
+    def goodput(self, job_id: str) -> GoodputRead: ...
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]: ...
 
@@ -123,6 +126,11 @@ class LocalStore:
 
     def findings(self, job_id: str) -> list[FindingRead]:
         return _guarded(lambda: [FindingRead.of(f) for f in query.findings(self.engine, job_id)])
+
+    def goodput(self, job_id: str) -> GoodputRead:
+        from stepscope.query.goodput import job_goodput
+
+        return _guarded(lambda: goodput_read(job_goodput(self.engine, job_id)))
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
         return _guarded(lambda: query.export(self.engine, job_id, table, format))
@@ -210,6 +218,9 @@ class RemoteStore:
 
     def findings(self, job_id: str) -> list[FindingRead]:
         return _FINDINGS.validate_json(self._get(f"/jobs/{_quoted(job_id)}/findings"))
+
+    def goodput(self, job_id: str) -> GoodputRead:
+        return GoodputRead.model_validate_json(self._get(f"/jobs/{_quoted(job_id)}/goodput"))
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
         path = f"/jobs/{_quoted(job_id)}/export"

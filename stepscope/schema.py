@@ -150,7 +150,54 @@ GPU = Table(
     ),
 )
 
-EVENT_KINDS = ("xid", "ecc", "oom", "restart", "exception", "custom")
+EVENT_KINDS = (
+    "xid",
+    "ecc",
+    "oom",
+    "restart",
+    "exception",
+    "custom",
+    "start",
+    "resume",
+    "phase",
+    "exit",
+)
+"""start, resume, phase and exit are a process's lifecycle (docs/goodput.md): start at the
+process's start time, resume at its first step, a declared phase at its start, exit at close."""
+
+LIFECYCLE_ATTRIBUTES: dict[str, dict[str, tuple[Dtype, bool]]] = {
+    "start": {
+        "incarnation": ("str", True),
+        "restart_count": ("int", False),
+        "submitted_at": ("float", False),
+        "scheduled_at": ("float", False),
+        "init_at": ("float", False),
+    },
+    "resume": {"incarnation": ("str", True), "step": ("int", True), "resumed_from": ("int", False)},
+    "phase": {"incarnation": ("str", True), "name": ("str", True), "duration_s": ("float", True)},
+    "exit": {"incarnation": ("str", True), "failed": ("int", False)},
+}
+"""Per lifecycle event kind, its attributes: name → (dtype, required); the collector rejects
+a batch whose lifecycle event lacks one or carries a wrong type (other attributes are free)."""
+
+GoodputCategory = Literal[
+    "productive",
+    "startup",
+    "compile",
+    "checkpoint_save",
+    "checkpoint_load",
+    "eval",
+    "other_phase",
+    "data",
+    "exposed_comm",
+    "straggler_wait",
+    "hang",
+    "restart_downtime",
+    "lost_progress",
+    "unaccounted",
+]
+"""Where a GPU-second of a job went (docs/goodput.md): productive, or one named badput."""
+GOODPUT_CATEGORIES: tuple[GoodputCategory, ...] = get_args(GoodputCategory)
 
 EVENTS = Table(
     name="events",

@@ -22,6 +22,7 @@ from stepscope.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from stepscope.api.goodput_read import GoodputRead
     from stepscope.client import JobStore
 
 T = TypeVar("T")
@@ -157,17 +158,28 @@ def show(
     db: DbOption = None,
 ) -> None:
     """A job's summary and its findings."""
-    from stepscope.cli.output import print_summary
+    from stepscope.cli.output import goodput_headline, print_summary
 
     checked_output(output)
-    summary, found = _reading(db, url, token, lambda r: (r.summary(job_id), r.findings(job_id)))
+    summary, found, goodput = _reading(
+        db,
+        url,
+        token,
+        lambda r: (r.summary(job_id), r.findings(job_id), _goodput_or_none(r, job_id)),
+    )
     if output == "json":
         import orjson
 
-        doc = {"summary": summary.model_dump(), "findings": [f.model_dump() for f in found]}
+        doc = {
+            "summary": summary.model_dump(),
+            "findings": [f.model_dump() for f in found],
+            "goodput": goodput.model_dump() if goodput is not None else None,
+        }
         typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
         print_summary(summary, found)
+        if goodput is not None:
+            typer.echo("\n".join(goodput_headline(goodput)))
         hang = next((f for f in found if f.kind == "hang" and "closed_at" not in f.evidence), None)
         if hang is not None:
             e = hang.evidence
@@ -178,6 +190,34 @@ def show(
                 f"{','.join(map(str, hang.ranks[:8]))} {e['class']} ({e['group']} {e['op']} "
                 f"#{e['seq']}){where}"
             )
+
+
+def _goodput_or_none(store: JobStore, job_id: str) -> GoodputRead | None:
+    """The job's goodput, or None where the store cannot say (a server without the route)."""
+    from stepscope.client import StoreError
+
+    try:
+        return store.goodput(job_id)
+    except StoreError:
+        return None
+
+
+def goodput(
+    job_id: JobIdArgument,
+    output: OutputOption = "text",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    db: DbOption = None,
+) -> None:
+    """Where a job's GPU-time went: one line per category (docs/goodput.md)."""
+    from stepscope.cli.output import print_goodput
+
+    checked_output(output)
+    answer = _reading(db, url, token, lambda r: r.goodput(job_id))
+    if output == "json":
+        typer.echo(answer.model_dump_json(indent=2))
+    else:
+        print_goodput(answer)
 
 
 def findings(

@@ -10,9 +10,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from stepscope.api.goodput_read import GoodputRead
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 from stepscope.schema import FINDINGS, Finding
 from stepscope.text.findings import finding_line, mesh_sentence
+from stepscope.text.goodput import responsible_text, top_badput
+from stepscope.text.labels import goodput_category
 from stepscope.text.numbers import integer, known, rate, seconds, share, when
 
 
@@ -109,3 +112,50 @@ def print_findings(findings: list[Finding], output: str) -> None:
         )
         return
     print_finding_lines(findings)
+
+
+def goodput_headline(g: GoodputRead) -> list[str]:
+    """The goodput in two lines: the share and GPU-hours lost, and the top three causes."""
+    if g.total_gpu_s <= 0:
+        return ["goodput        unknown (no steps or lifecycle events yet)"]
+    lost_h = (g.total_gpu_s - g.categories["productive"].gpu_s) / 3600
+    restarts = max(0, len(g.incarnations) - 1)
+    lines = [
+        f"goodput        {share(g.goodput)} of {g.total_gpu_s / 3600:,.2f} GPU-h; "
+        f"{lost_h:,.2f} GPU-h lost; {restarts} restart(s)"
+    ]
+    gpu_s = {c: v.gpu_s for c, v in g.categories.items()}
+    badput = top_badput(gpu_s, g.total_gpu_s, g.responsible)
+    if badput:
+        causes = ", ".join(badput)
+        line = f"top badput     {causes}"
+        lines.append(line if len(line) <= 80 else line[:79] + "…")
+    return lines
+
+
+def print_goodput(g: GoodputRead) -> None:
+    """One line per category (GPU-hours and share), then the incarnations; 80 columns."""
+    typer.echo("\n".join(goodput_headline(g)))
+    for category, value in g.categories.items():
+        if abs(value.share) < 5e-4 and category != "productive":
+            continue  # nothing there (unaccounted can be a rounding residue)
+        who = responsible_text(g.responsible.get(category, []))
+        typer.echo(
+            f"  {goodput_category(category):<16} {value.gpu_s / 3600:>10,.3f} GPU-h "
+            f"{share(value.share):>7}{who}"[:80]
+        )
+    layers = ", ".join(
+        f"{name} {share(value) if value is not None else 'unknown'}"
+        for name, value in g.layers.items()
+    )
+    typer.echo(textwrap.fill(f"layers: {layers}", width=80))
+    for inc in g.incarnations:
+        steps = (
+            f"steps {inc.first_step}-{inc.last_step}" if inc.first_step is not None else "no step"
+        )
+        lost = f", lost {inc.lost_steps[0]}-{inc.lost_steps[1]}" if inc.lost_steps else ""
+        failure = ""
+        if inc.failure is not None:
+            failure = f"; rank {inc.failure['rank']}: {inc.failure['message']}"
+        line = f"incarnation {inc.index}: {steps}{lost}{failure}"
+        typer.echo(line if len(line) <= 80 else line[:79] + "…")

@@ -236,12 +236,33 @@ def _events(payload: Any) -> Columns | None:
         _check_object(f"events[{i}]", event, _EVENT_FIELDS, required)
         if event["kind"] not in schema.EVENT_KINDS:
             raise BatchError(f"events[{i}].kind must be one of {', '.join(schema.EVENT_KINDS)}")
+        if not math.isfinite(event["ts"]):
+            raise BatchError(f"events[{i}].ts must be a finite number")
+        lifecycle = schema.LIFECYCLE_ATTRIBUTES.get(event["kind"])
+        if lifecycle is not None:
+            _check_lifecycle(f"events[{i}].attributes", event.get("attributes"), lifecycle)
     return {
         "ts": [float(e["ts"]) for e in payload],
         "kind": [e["kind"] for e in payload],
         "message": [e.get("message") for e in payload],
         "attributes": [orjson.dumps(e.get("attributes") or {}).decode() for e in payload],
     }
+
+
+def _check_lifecycle(
+    where: str, attributes: Any, fields: dict[str, tuple[schema.Dtype, bool]]
+) -> None:
+    """A lifecycle event's attributes: the named ones typed, finite and not negative."""
+    if not isinstance(attributes, dict):
+        raise BatchError(f"{where} must be an object")
+    for name, (dtype, required) in fields.items():
+        value = attributes.get(name)
+        _check_scalar(f"{where}.{name}", value, dtype, required=required)
+        if dtype in ("int", "float") and value is not None:
+            if not math.isfinite(value) or value < 0:
+                raise BatchError(f"{where}.{name} must be a finite number >= 0")
+        if dtype == "str" and value is not None and len(value) > MAX_ID_CHARS:
+            raise BatchError(f"{where}.{name} is longer than {MAX_ID_CHARS} characters")
 
 
 def parse_batch(doc: Any) -> Batch:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from stepscope import query
 from stepscope.analysis import rollups
 from stepscope.figures import Event
+from stepscope.query.goodput import JobGoodput, job_goodput
 from stepscope.query.jobs import MAX_LIMIT
 
 MAX_POINTS = 2000
@@ -58,9 +59,11 @@ class JobPage:
     collectives: query.CollectiveStats
     gpu: query.GpuSeries | None
     events: list[Event]
+    goodput: JobGoodput | None
+    """Read for the page's first draw only (the live refresh leaves the goodput alone)."""
 
 
-def job_page(engine: sa.Engine, job_id: str) -> JobPage:
+def job_page(engine: sa.Engine, job_id: str, *, with_goodput: bool = True) -> JobPage:
     """The job page's data; raises query.JobNotFound for an unknown job."""
     summary = query.job_summary(engine, job_id)
     got = _gather(
@@ -77,6 +80,7 @@ def job_page(engine: sa.Engine, job_id: str) -> JobPage:
             "collectives": lambda: query.collective_stats(engine, job_id, max_points=MAX_POINTS),
             "gpu": lambda: query.gpu_series(engine, job_id, max_points=GPU_POINTS),
             "events": lambda: events(engine, job_id, summary),
+            "goodput": lambda: job_goodput(engine, job_id) if with_goodput else None,
         }
     )
     return JobPage(summary=summary, **got)

@@ -128,7 +128,7 @@ def _refresh(
     metric, stat, group_by = heatmap
     last, segments = state.get("last_step"), int(state.get("segments", 0)) + 1
     if last is None or segments > MAX_SEGMENTS:
-        page = data.job_page(engine, job_id)
+        page = data.job_page(engine, job_id, with_goodput=False)
         s = page.summary
         return (
             figures.band_figure(page.band, page.findings, page.events),

@@ -18,6 +18,7 @@ from stepscope.figures.base import (
 )
 from stepscope.figures.collectives import collective_name, collectives_figure
 from stepscope.figures.compare import baseline_levels, components_figure, overlay_figure
+from stepscope.figures.goodput import GOODPUT_COLORS, goodput_figure
 from stepscope.figures.gpu import GPU_PANELS, gpu_figure, throttled_trace
 from stepscope.figures.ranks import (
     RANK_PANELS,
@@ -42,6 +43,7 @@ from stepscope.figures.steps import (
 __all__ = [
     "BAND_COLOR",
     "COMPONENT_COLORS",
+    "GOODPUT_COLORS",
     "GPU_PANELS",
     "RANK_PANELS",
     "SEVERITY_COLORS",
@@ -57,6 +59,7 @@ __all__ = [
     "components_figure",
     "f32",
     "finding_label",
+    "goodput_figure",
     "gpu_figure",
     "grid_layout",
     "group_label",

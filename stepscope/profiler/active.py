@@ -34,6 +34,7 @@ from .comm import DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv
 from .flops import measure_flops, peak_flops_for
 from .groups import GroupRegistry
+from .lifecycle import detect_lifecycle
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
@@ -96,6 +97,8 @@ class _Step:
         if prof._broken:
             return False
         try:
+            if exc_type is not None:
+                prof._failed_step = self._index if self._index is not None else prof._next_index - 1
             prof._end_step(failed=exc_type is not None)
         except Exception as exc:
             prof._fail(exc)
@@ -150,24 +153,33 @@ def _observe_collectives(prof: ActiveProfiler) -> None:
 
 
 class _Phase:
-    """Context manager for a declared phase (checkpointing, eval, compilation...)."""
+    """Context manager for a declared phase (checkpointing, eval, compilation...); shipped as
+    a `phase` event (its start and duration) when it ends."""
 
-    __slots__ = ("_prof", "_name", "_outer")
+    __slots__ = ("_prof", "_name", "_outer", "_start_ts", "_start")
 
     def __init__(self, prof: ActiveProfiler, name: str) -> None:
         self._prof = prof
         self._name = name
         self._outer: str | None = None
+        self._start_ts = 0.0
+        self._start = 0.0
 
     def __enter__(self) -> None:
         prof = self._prof
         self._outer, prof._phase = prof._phase, self._name
-        prof._phase_changed_at = time.perf_counter()
+        self._start_ts, self._start = time.time(), time.perf_counter()
+        prof._phase_changed_at = self._start
 
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
         prof._phase = self._outer
-        prof._phase_changed_at = time.perf_counter()
+        now = time.perf_counter()
+        prof._phase_changed_at = now
+        if self._outer is None:  # a nested phase is part of its outer one: counted once
+            prof._lifecycle_event(
+                "phase", self._start_ts, name=self._name, duration_s=now - self._start
+            )
         return False
 
 
@@ -234,6 +246,8 @@ class ActiveProfiler(Profiler):
         self._ended_at: float | None = None
         self._main_thread_id = threading.get_ident()
         self._watchdog: Watchdog | None = None
+        self._resumed_from: int | None = None
+        self._failed_step: int | None = None
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -260,6 +274,7 @@ class ActiveProfiler(Profiler):
             "incarnation": self.incarnation,
         }
         self.shipper = Shipper(config=config, job=job, source=source)
+        self._send_start()
         self._groups = GroupRegistry()
         self._tap: Any = None
         if config.patch_collectives and dist.is_available():
@@ -294,6 +309,14 @@ class ActiveProfiler(Profiler):
         if self._broken:
             return NULL_CONTEXT
         return _Phase(self, str(name))
+
+    @_fail_open()
+    def resumed_from(self, step: int) -> None:
+        self._resumed_from = int(step)
+        if self._first_step is not None:  # declared after the first step: say it now
+            self._lifecycle_event(
+                "resume", time.time(), step=self._first_step, resumed_from=self._resumed_from
+            )
 
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         if self._broken:
@@ -419,6 +442,7 @@ class ActiveProfiler(Profiler):
                 self._gpu_sampler.stop()
             except Exception:
                 log.debug("stepscope: GPU sampler did not stop cleanly", exc_info=True)
+        self._lifecycle_event("exit", time.time(), failed=int(failed))
         final_job = None
         if self.env.rank == 0:
             final_job = {"status": "failed" if failed else "finished", "ended_at": time.time()}
@@ -435,7 +459,8 @@ class ActiveProfiler(Profiler):
         tb: TracebackType | None,
     ) -> Literal[False]:
         if exc is not None:
-            self.event("exception", f"{type(exc).__name__}: {exc}")
+            failed_step = self._failed_step if self._failed_step is not None else self._next_index
+            self.event("exception", f"{type(exc).__name__}: {exc}", step=failed_step)
         self.close(failed=exc is not None)
         return False
 
@@ -451,6 +476,9 @@ class ActiveProfiler(Profiler):
         index = self._next_index if index is None else index
         if self._first_step is None:
             self._first_step = index
+            self._lifecycle_event(
+                "resume", time.time() - (now - start), step=index, resumed_from=self._resumed_from
+            )
         record = StepRecord(
             step=index,
             ts=time.time() - (now - start),
@@ -543,6 +571,36 @@ class ActiveProfiler(Profiler):
                         "attributes": _json_safe({"step": record.step, **record.custom}),
                     },
                 )
+
+    def _send_start(self) -> None:
+        """The `start` event: when this process started, its restart count, scheduler times."""
+        try:
+            life = detect_lifecycle()
+            self._lifecycle_event(
+                "start",
+                life.started_at,
+                restart_count=life.restart_count,
+                submitted_at=life.submitted_at,
+                scheduled_at=life.scheduled_at,
+                init_at=time.time(),
+            )
+        except Exception:
+            log.warning("stepscope: could not read this process's start", exc_info=True)
+
+    def _lifecycle_event(self, kind: str, ts: float, **attributes: Any) -> None:
+        """Ship a lifecycle event (schema.LIFECYCLE_ATTRIBUTES) of this process; never raises."""
+        try:
+            self.shipper.add(
+                "events",
+                {
+                    "ts": ts,
+                    "kind": kind,
+                    "message": _lifecycle_message(kind, attributes),
+                    "attributes": {"incarnation": self.incarnation, **attributes},
+                },
+            )
+        except Exception:
+            log.debug("stepscope: lifecycle event %s not sent", kind, exc_info=True)
 
     def _set_device(self, device_type: str | None) -> None:
         if device_type is None or device_type == self._device_type:
@@ -689,6 +747,18 @@ class ActiveProfiler(Profiler):
             )
         except Exception:
             log.debug("stepscope: could not report the internal error", exc_info=True)
+
+
+def _lifecycle_message(kind: str, attributes: dict[str, Any]) -> str:
+    """A lifecycle event in words, for the events list."""
+    if kind == "start":
+        restart = attributes.get("restart_count")
+        return "process started" + (f" (restart {restart})" if restart else "")
+    if kind == "resume":
+        return f"first step {attributes.get('step')}"
+    if kind == "phase":
+        return f"{attributes.get('name')} for {attributes.get('duration_s', 0.0):.3f} s"
+    return "exit (failed)" if attributes.get("failed") else "exit"
 
 
 def _device_type_of(model: Any) -> str | None:

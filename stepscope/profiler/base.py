@@ -47,6 +47,10 @@ class Profiler:
         compile, or any name): hang detection waits much longer while it lasts."""
         return NULL_CONTEXT
 
+    def resumed_from(self, step: int) -> None:
+        """Declare the step this run resumes at (the first step it executes after loading a
+        checkpoint): steps from it on that an earlier incarnation ran count as lost progress."""
+
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         """The loader, iterating as before, with the time blocked in next() counted as data_s."""
         return loader

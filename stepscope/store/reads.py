@@ -47,8 +47,10 @@ def _arrow_select(
     job_id: str,
     columns: Sequence[str],
     where: Sequence[tuple[str, str, Any]] = (),
+    one_of: tuple[str, Sequence[str]] | None = None,
 ) -> frames.Select:
-    """A read of `columns` of a job's rows of a keyed table, in key order, for ADBC."""
+    """A read of `columns` of a job's rows of a keyed table, in key order, for ADBC; with
+    `one_of` (column, values), only rows whose column holds one of the values."""
     dialect = engine.dialect.name
     unknown = [c for c in columns if c not in table.c]
     if unknown:
@@ -61,6 +63,9 @@ def _arrow_select(
 
     conditions = [f'"job_id" = {bind(job_id)}']
     conditions += [f"{expr} {op} {bind(value)}" for expr, op, value in where]
+    if one_of is not None:
+        column, values = one_of
+        conditions.append(f'"{column}" IN ({", ".join(bind(v) for v in values)})')
     keys = [c.name for c in table.primary_key.columns if c.name != "job_id"]
     names = [*columns, *(k for k in keys if k not in columns)]
     kinds = {n: _kind(table.c[n]) for n in names}
@@ -372,3 +377,11 @@ def read_events(engine: sa.Engine, job_id: str, limit: int) -> list[dict[str, An
     query = sa.select(t).where(t.c.job_id == job_id).order_by(t.c.ts, t.c.rank).limit(limit)
     with engine.connect() as conn:
         return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def read_events_of_kinds(engine: sa.Engine, job_id: str, kinds: Sequence[str]) -> pl.DataFrame:
+    """The job's events of these kinds: rank, ts, kind, message, attributes (JSON text),
+    Arrow-native."""
+    columns = ["rank", "ts", "kind", "message", "attributes"]
+    query = _arrow_select(engine, tables.events, job_id, columns, one_of=("kind", list(kinds)))
+    return pl.DataFrame(_fetch(engine, query))

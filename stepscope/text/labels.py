@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, cast
 
-from stepscope.schema import Cause, Component, FindingKind, HangClass
+from stepscope.schema import Cause, Component, FindingKind, GoodputCategory, HangClass
 
 
 class Label(NamedTuple):
@@ -50,6 +50,23 @@ COMPONENTS: dict[Component, Label] = {
     "comm_wait_s": Label("comm wait", "waiting on collectives"),
     "collective_finish_s": Label("comm", "time to finish collectives"),
 }
+GOODPUT_CATEGORIES: dict[GoodputCategory, Label] = {
+    "productive": Label("productive", "productive training"),
+    "startup": Label("startup", "start-up and initialisation"),
+    "compile": Label("compile", "compilation and warm-up"),
+    "checkpoint_save": Label("ckpt save", "saving checkpoints"),
+    "checkpoint_load": Label("ckpt load", "loading checkpoints"),
+    "eval": Label("eval", "evaluation"),
+    "other_phase": Label("other phase", "other declared phases"),
+    "data": Label("data", "waiting for data"),
+    "exposed_comm": Label("exposed comm", "collective transfers not overlapped"),
+    "straggler_wait": Label("straggler wait", "waiting for slower ranks"),
+    "hang": Label("hang", "hung"),
+    "restart_downtime": Label("restart", "down between restarts"),
+    "lost_progress": Label("lost progress", "steps run again after a restart"),
+    "unaccounted": Label("unaccounted", "unaccounted"),
+}
+"""Where a job's GPU-time went (docs/goodput.md)."""
 MESH_DIMS: dict[str, Label] = {
     "pp": Label("stage", "pipeline stage"),
     "tp": Label("tp", "tensor-parallel rank"),
@@ -121,6 +138,14 @@ def throttle_reasons(mask: int) -> list[str]:
 def hang_class(name: str, *, long: bool = False) -> str:
     """A hang class's label (its name in words when unknown)."""
     label = HANG_CLASSES.get(cast(HangClass, name))
+    if label is None:
+        return name.replace("_", " ")
+    return label.long if long else label.short
+
+
+def goodput_category(name: str, *, long: bool = False) -> str:
+    """A goodput category's label; an unknown name in words."""
+    label = GOODPUT_CATEGORIES.get(cast(GoodputCategory, name))
     if label is None:
         return name.replace("_", " ")
     return label.long if long else label.short

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.query.goodput import job_goodput
 from tests.dashboard.conftest import HOSTILE_NAME, LIVE, MAIN, Site, send_rounds
 from tests.jobs import STRAGGLER, STRAGGLER_FROM
 
@@ -138,6 +139,17 @@ def test_job_page_draws_the_ingested_values(browser: Any, site: Site, artifacts:
         assert abs(int(since.group(1)) - STRAGGLER_FROM) <= 5
         compute = t.trace("job-breakdown", "compute")
         assert compute["y"][0] == f"{STRAGGLER} · node-0001"  # tops the breakdown
+
+        # Goodput: a job without lifecycle events is one incarnation from its first step.
+        answer = job_goodput(site.engine, MAIN)
+        productive = t.trace("job-goodput", "productive")
+        assert productive["y"] == ["incarnation 0"]
+        assert productive["x"][0] == pytest.approx(
+            answer.result.categories["productive"] / 3600, rel=1e-6
+        )
+        causes = t.page.locator("#job-goodput-causes").inner_text()
+        assert causes.startswith("Top badput: ")
+        assert "straggler wait" in causes
         assert t.errors == []
 
 

@@ -50,6 +50,7 @@ ROUTES = [
     Route("GET", "/api/v1/jobs/{job_id}/heatmap", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/mesh", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/hang", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/goodput", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/collectives", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/gpu", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/export", "read"),

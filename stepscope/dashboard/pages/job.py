@@ -12,7 +12,10 @@ from stepscope import figures, query
 from stepscope.dashboard import components as ui
 from stepscope.dashboard import context, data, ids, live
 from stepscope.dashboard.gestures import clicked_rank, step_range
+from stepscope.query.goodput import JobGoodput
+from stepscope.text.goodput import top_badput
 from stepscope.text.labels import component, mesh_dim
+from stepscope.text.numbers import share
 
 HEATMAP_METRICS = {
     m: component(m, long=True) for m in ("compute_s", "step_s", "data_s", "comm_wait_s")
@@ -38,6 +41,31 @@ def _group_by(component_id: str, mesh: query.Mesh) -> dcc.Dropdown:
         value="rank",
         clearable=False,
         className="filter",
+    )
+
+
+def _goodput_section(answer: JobGoodput) -> html.Section:
+    """The goodput card (share, GPU-hours lost, restarts, top causes) and its chart."""
+    g = answer.result
+    lost_h = (g.total_s - g.categories["productive"]) / 3600
+    causes = top_badput(g.categories, g.total_s, answer.responsible)
+    return ui.section(
+        "Goodput",
+        html.Div(
+            [
+                ui.card("goodput", share(g.goodput) if g.total_s > 0 else "–"),
+                ui.card("GPU-hours lost", f"{lost_h:,.2f}"),
+                ui.card("restarts", str(max(0, len(g.incarnations) - 1))),
+            ],
+            className="cards",
+        ),
+        html.P(
+            "Top badput: " + ", ".join(causes) if causes else "No badput measured yet.",
+            id=ids.JOB_GOODPUT_CAUSES,
+        ),
+        ui.graph(ids.JOB_GOODPUT, figures.goodput_figure(answer)),
+        note="Every GPU-second of the job in one category, per incarnation (a restart starts "
+        "a new bar); see docs/goodput.md.",
     )
 
 
@@ -83,6 +111,7 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
                 "Findings",
                 html.Div(ui.findings_list(job_id, page.findings), id=ids.JOB_FINDINGS),
             ),
+            _goodput_section(page.goodput) if page.goodput is not None else None,
             ui.section(
                 "Step time across ranks",
                 ui.graph(ids.JOB_BAND, figures.band_figure(page.band, page.findings, page.events)),

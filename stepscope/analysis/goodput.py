@@ -1,0 +1,584 @@
+"""Goodput: where every GPU-second of a job went, across incarnations (docs/goodput.md).
+
+The job's GPU-time is world size × wall time, from the first rank's process start to the
+job's end (its last activity). Every second of it falls in one category of
+schema.GOODPUT_CATEGORIES: productive, or a named badput. `unaccounted` is the remainder, so
+the categories partition the total exactly.
+
+Inputs are small: per step, sums over ranks (the step rollup: mean × ranks), and per rank and
+process its lifecycle (stepscope.analysis.lifecycles). A step's row belongs to
+the incarnation whose processes were running when it started; the store keeps the first row of
+a (rank, step), so steps an incarnation ran again after a restart keep the earlier run's row,
+and the later run's time on them is known only as a span (counted productive).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from stepscope.analysis.lifecycles import Lifecycles, lifecycles, without_lifecycle
+from stepscope.schema import GOODPUT_CATEGORIES
+
+__all__ = [
+    "Goodput",
+    "GoodputConfig",
+    "Incarnation",
+    "Lifecycles",
+    "as_dict",
+    "goodput",
+    "hang_windows",
+    "ideal_step_s",
+    "job_steps",
+    "lifecycles",
+    "rank_steps",
+    "without_lifecycle",
+]
+
+STEP_COLUMNS = (
+    "step",
+    "ts",
+    "num_ranks",
+    "step_s_sum",
+    "step_s_max",
+    "data_s_sum",
+    "comm_wait_s_sum",
+    "transfer_s_sum",
+)
+"""Per step, over the ranks counted: the sums of each time component, the slowest rank's step
+time, and transfer_s_sum: the group's transfer time (the least any rank waited) × ranks."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GoodputConfig:
+    warmup_steps: int = 10
+    """Most leading steps of an incarnation whose excess over the ideal step is compilation."""
+    warmup_factor: float = 1.5
+    """A leading step is warm-up while the job's step time exceeds the ideal by this factor."""
+    stall_factor: float = 10.0
+    """A step this many times the job's typical step time holds a stall (hang)..."""
+    min_stall_s: float = 10.0
+    """...and exceeds it by at least this many seconds."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.warmup_factor < 1 or self.stall_factor < 1:
+            raise ValueError("warmup_steps >= 0, warmup_factor >= 1 and stall_factor >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class Incarnation:
+    """One run of the job's processes, between two restarts."""
+
+    index: int
+    started_at: float
+    ended_at: float
+    num_ranks: int
+    first_step: int | None
+    last_step: int | None
+    resumed_at: int | None
+    """The step the next incarnation resumed at; steps from it on ran again (lost)."""
+    lost_steps: list[int] | None
+    """[first, last] step run to its end whose progress was lost, None when none was."""
+    interrupted_step: int | None
+    """The step an exception interrupted (the profiler's `step` attribute), if known."""
+    categories: dict[str, float]
+    """GPU-seconds per category inside this incarnation (restart downtime: after it)."""
+    failure: dict[str, Any] | None
+    """The first exception of the incarnation: {rank, ts, message}."""
+    hang_detection_s: float | None
+    """From the stall to its detection, when the incarnation hung."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Goodput:
+    """A job's goodput: the GPU-seconds of each category, and Google's three layers."""
+
+    world_size: int
+    started_at: float
+    ended_at: float
+    total_s: float
+    """world_size × (ended_at − started_at): GPU-seconds."""
+    categories: dict[str, float]
+    goodput: float
+    ideal_step_s: float | None
+    layers: dict[str, float | None]
+    """scheduling, runtime, program and their product (None when not known)."""
+    incarnations: list[Incarnation] = field(default_factory=list)
+
+    def share(self, category: str) -> float:
+        """A category's share of the job's GPU-time (0..1)."""
+        return self.categories.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
+
+
+def job_steps(rollup: pl.DataFrame) -> pl.DataFrame:
+    """STEP_COLUMNS from a step rollup (stepscope.analysis.rollups.step_rollup's columns)."""
+    n = pl.col("num_ranks").cast(pl.Float64)
+    wait_mean = pl.col("comm_wait_s_mean").fill_null(0.0)
+    return rollup.select(
+        "step",
+        "ts",
+        "num_ranks",
+        (pl.col("step_s_mean") * n).alias("step_s_sum"),
+        "step_s_max",
+        (pl.col("data_s_mean").fill_null(0.0) * n).alias("data_s_sum"),
+        (wait_mean * n).alias("comm_wait_s_sum"),
+        (pl.col("comm_wait_s_min").fill_null(0.0) * n).alias("transfer_s_sum"),
+    ).sort("step")
+
+
+def rank_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) STEP_COLUMNS of raw step rows; the transfer time is the least any rank
+    of the step waited (the last to arrive waits only for the transfer)."""
+    wait = pl.col("comm_wait_s").fill_null(0.0) if "comm_wait_s" in steps else pl.lit(0.0)
+    return (
+        steps.with_columns(wait.alias("comm_wait_s_sum"))
+        .with_columns(
+            pl.col("comm_wait_s_sum").min().over("step").alias("transfer_s_sum"),
+            pl.col("step_s").max().over("step").alias("step_s_max"),
+        )
+        .select(
+            "rank",
+            "step",
+            "ts",
+            pl.lit(1, dtype=pl.Int64).alias("num_ranks"),
+            pl.col("step_s").alias("step_s_sum"),
+            "step_s_max",
+            pl.col("data_s").fill_null(0.0).alias("data_s_sum"),
+            "comm_wait_s_sum",
+            "transfer_s_sum",
+        )
+        .sort("rank", "step")
+    )
+
+
+def goodput(
+    steps: pl.DataFrame,
+    life: Lifecycles,
+    *,
+    world_size: int,
+    ended_at: float | None = None,
+    hangs: Sequence[tuple[float, float]] = (),
+    config: GoodputConfig | None = None,
+    ranks: Iterable[int] | None = None,
+    ideal: tuple[float, float] | None = None,
+) -> Goodput:
+    """The job's goodput from its steps (STEP_COLUMNS, sums over ranks) and lifecycles.
+
+    `hangs` are (stall ts, detection ts) of the job's hang findings. With `ranks`, only those
+    ranks' GPU-time is accounted (`steps` then holds their sums alone) and `ideal` is the job's
+    (ideal per-rank step time, typical job step time), so that a rank is judged by the job.
+    """
+    config = config or GoodputConfig()
+    processes = life.processes
+    if ranks is not None:
+        wanted = list(ranks)
+        processes = processes.filter(pl.col("rank").is_in(wanted))
+        phases = life.phases.filter(pl.col("rank").is_in(wanted))
+    else:
+        phases = life.phases
+    steps = steps.sort("ts")
+    ts = steps["ts"].to_numpy().astype(np.float64)
+    ends = ts + steps["step_s_max"].to_numpy().astype(np.float64)
+    job_start = _start_of(processes, ts)
+    last_activity = max(
+        _nanmax(ends),
+        _nanmax(processes["last_ts"].to_numpy()) if processes.height else -math.inf,
+        _nanmax(processes["last_phase_end"].to_numpy()) if processes.height else -math.inf,
+        max((d for _, d in hangs), default=-math.inf),
+        ended_at if ended_at is not None else -math.inf,
+    )
+    if not math.isfinite(job_start) or not math.isfinite(last_activity):
+        return _empty(world_size)
+    job_end = max(last_activity, job_start)
+    num_lanes = world_size if ranks is None else processes["rank"].n_unique()
+    total_s = num_lanes * (job_end - job_start)
+    if ideal is None:
+        ideal = ideal_step_s(steps)
+    ideal_s, typical_max_s = ideal
+
+    # Incarnation k of the job: every rank's k-th process; it starts with the first of them.
+    by_index = processes.group_by("index").agg(pl.col("started_at").min()).sort("index")
+    starts = by_index["started_at"].to_numpy().astype(np.float64)
+    if starts.size == 0:
+        starts = np.array([job_start])
+    incarnation_of_step = np.maximum(np.searchsorted(starts, ts, side="right") - 1, 0)
+    totals: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+    incarnations: list[Incarnation] = []
+    first_starts = processes.filter(pl.col("index") == 0)["started_at"].to_numpy()
+    launch_s = float(np.sum(first_starts - job_start))  # ranks waiting for their launch
+    phase_cat = phases["category"].to_numpy().astype(str)
+    phase_ts = phases["ts"].to_numpy().astype(np.float64)
+    phase_dur = phases["duration_s"].to_numpy().astype(np.float64)
+    phase_rank = phases["rank"].to_numpy()
+    phase_inc = np.maximum(np.searchsorted(starts, phase_ts, side="right") - 1, 0)
+    exceptions = life.exceptions.sort("ts")
+    exc_ts = exceptions["ts"].to_numpy().astype(np.float64)
+    exc_inc = np.maximum(np.searchsorted(starts, exc_ts, side="right") - 1, 0)
+
+    for k in range(starts.size):
+        cats: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+        if k == 0:
+            cats["startup"] += launch_s
+        procs = processes.filter(pl.col("index") == k)
+        nxt = processes.filter(pl.col("index") == k + 1)
+        is_last = k == starts.size - 1
+        in_k = incarnation_of_step == k
+        k_steps = steps.filter(pl.Series(in_k))
+        k_ends = ends[in_k]
+        last_end = _nanmax(k_ends)
+        window_end = starts[k + 1] if not is_last else math.inf
+        k_hangs = [(s, d) for s, d in hangs if starts[k] <= s < window_end]
+        if is_last:
+            end = job_end
+        else:
+            activity = [
+                last_end,
+                _nanmax(procs["exit_ts"].to_numpy()),
+                _nanmax(procs["last_phase_end"].to_numpy()),
+                _nanmax(exc_ts[exc_inc == k]),
+                *(d for _, d in k_hangs),
+            ]
+            end = min(max(a for a in activity if math.isfinite(a)), window_end)
+        resumed_at = _resume_step(nxt)
+        interrupted = _min_int(exceptions.filter(pl.Series(exc_inc == k))["step"])
+        # Per process: [start, first step) is startup; restart downtime follows the end.
+        started = procs["started_at"].to_numpy().astype(np.float64)
+        first_ts_of = procs["first_step_ts"].fill_null(np.nan).to_numpy().astype(np.float64)
+        startup_end = np.minimum(np.where(np.isnan(first_ts_of), end, first_ts_of), end)
+        cats["startup"] += float(np.sum(np.maximum(0.0, startup_end - started)))
+        if not is_last:
+            following = procs.select("rank").join(
+                nxt.select("rank", pl.col("started_at").alias("restart_at")), on="rank", how="left"
+            )
+            restart_at = following["restart_at"].fill_null(end).to_numpy().astype(np.float64)
+            cats["restart_downtime"] += float(np.sum(np.maximum(0.0, restart_at - end)))
+        stepping = procs.filter(pl.col("first_step_ts").is_not_null())
+        n_k = stepping.height
+        first_ts_sum = float(stepping["first_step_ts"].sum()) if n_k else 0.0
+        lost_steps: list[int] | None = None
+        hang_detection_s: float | None = None
+        last_end = last_end if math.isfinite(last_end) else end
+        lost_start = last_end
+        has_lost = False
+        if k_steps.height and n_k:
+            step_no = k_steps["step"].to_numpy()
+            lost = step_no >= resumed_at if resumed_at is not None else np.zeros_like(step_no, bool)
+            kept_steps = k_steps.filter(pl.Series(~lost))
+            lost_start = float(np.min(k_steps["ts"].to_numpy()[lost])) if lost.any() else last_end
+            has_lost = bool(lost.any())
+            if has_lost:
+                # The step an exception interrupted is lost, but was never run to its end.
+                done = (
+                    step_no[lost & (step_no < interrupted)]
+                    if interrupted is not None
+                    else step_no[lost]
+                )
+                if done.size:
+                    lost_steps = [int(done.min()), int(done.max())]
+                cats["lost_progress"] += n_k * max(0.0, last_end - lost_start)
+            _in_steps(kept_steps, cats, ideal_s, typical_max_s, k_hangs, config)
+            # Steps run again whose rows the store holds from the earlier run: progress kept,
+            # unless the next incarnation resumed before them (then lost, pro rata).
+            first_stored = float(np.min(k_steps["ts"].to_numpy()))
+            first_step = _min_int(stepping["first_step"])
+            first_row_step = int(step_no.min())
+            if first_step is not None and first_row_step > first_step:
+                rerun_s = (
+                    n_k * first_stored
+                    - first_ts_sum
+                    - _phases_between(phases, stepping, first_stored)
+                )
+                num_rerun = first_row_step - first_step
+                num_lost = 0
+                if resumed_at is not None:
+                    num_lost = min(num_rerun, max(0, first_row_step - max(resumed_at, first_step)))
+                cats["lost_progress"] += max(0.0, rerun_s) * num_lost / num_rerun
+                earlier = steps.filter(
+                    pl.col("step").is_between(first_step, first_row_step - num_lost - 1)
+                    & (pl.col("ts") < starts[k])
+                )
+                kept_s = rerun_s * (num_rerun - num_lost) / num_rerun
+                _rerun(earlier, n_k, kept_s, cats, (ideal_s, typical_max_s), config)
+            tail = n_k * max(0.0, end - last_end)
+            if k_hangs:
+                cats["hang"] += tail
+                hang_detection_s = max(d - s for s, d in k_hangs)
+            elif is_last:
+                cats["unaccounted"] += tail
+            else:
+                cats["lost_progress"] += tail  # the interrupted step
+        elif n_k:  # stepped on no stored row (all superseded or none yet)
+            rerun_s = n_k * end - first_ts_sum - _phases_between(phases, stepping, end)
+            earlier = steps.filter(pl.col("ts") < starts[k])
+            _rerun(earlier, n_k, rerun_s, cats, (ideal_s, typical_max_s), config)
+        # Declared phases: their own category, out of the window they fell in.
+        mine = phase_inc == k
+        if mine.any():
+            ts_i, dur_i = phase_ts[mine], phase_dur[mine]
+            first_i = (
+                pl.DataFrame({"rank": phase_rank[mine]})
+                .join(stepping.select("rank", "first_step_ts"), on="rank", how="left")[
+                    "first_step_ts"
+                ]
+                .fill_null(np.inf)
+                .to_numpy()
+                .astype(np.float64)
+            )
+            cat_i = phase_cat[mine]
+            for cat in np.unique(cat_i):
+                cats[str(cat)] += float(dur_i[cat_i == cat].sum())
+            before = ts_i < first_i
+            after = ~before & (ts_i >= last_end)
+            in_lost = ~before & ~after & has_lost & (ts_i >= lost_start)
+            cats["startup"] -= float(dur_i[before].sum())
+            window = "hang" if k_hangs else "unaccounted" if is_last else "lost_progress"
+            cats[window] -= float(dur_i[after].sum())
+            cats["lost_progress"] -= float(dur_i[in_lost].sum())
+            # The others: the rerun span left them out already, or the kept span's gaps
+            # (the unaccounted remainder) hold them.
+        span = float(np.sum(np.maximum(0.0, min(end, job_end) - started)))
+        if not is_last:
+            span += cats["restart_downtime"]
+        if k == 0:
+            span += launch_s
+        cats["unaccounted"] += span - sum(v for c, v in cats.items() if c != "unaccounted")
+        for c in GOODPUT_CATEGORIES:
+            totals[c] += cats[c]
+        failure = None
+        k_exc = exceptions.filter(pl.Series(exc_inc == k))
+        if k_exc.height:
+            failure = k_exc.row(0, named=True)
+        incarnations.append(
+            Incarnation(
+                index=k,
+                started_at=float(starts[k]),
+                ended_at=float(end),
+                num_ranks=procs.height,
+                first_step=_min_int(stepping["first_step"]) if n_k else None,
+                last_step=int(k_steps["step"].max()) if k_steps.height else None,  # type: ignore[arg-type]
+                resumed_at=resumed_at,
+                lost_steps=lost_steps,
+                interrupted_step=interrupted,
+                categories=cats,
+                failure=failure,
+                hang_detection_s=hang_detection_s,
+            )
+        )
+    totals["unaccounted"] = total_s - sum(v for c, v in totals.items() if c != "unaccounted")
+    productive = totals["productive"]
+    kept_step_s = productive + sum(totals[c] for c in ("data", "exposed_comm", "straggler_wait"))
+    submitted = _nanmin(processes["submitted_at"].to_numpy()) if processes.height else math.nan
+    scheduling = (
+        (job_end - job_start) / (job_end - submitted)
+        if math.isfinite(submitted) and submitted < job_start
+        else None
+    )
+    runtime = kept_step_s / total_s if total_s > 0 else None
+    program = productive / kept_step_s if kept_step_s > 0 else None
+    product = None
+    if runtime is not None and program is not None:
+        product = runtime * program * (scheduling if scheduling is not None else 1.0)
+    return Goodput(
+        world_size=num_lanes,
+        started_at=job_start,
+        ended_at=job_end,
+        total_s=total_s,
+        categories=totals,
+        goodput=productive / total_s if total_s > 0 else 0.0,
+        ideal_step_s=ideal_s if math.isfinite(ideal_s) else None,
+        layers={
+            "scheduling": scheduling,
+            "runtime": runtime,
+            "program": program,
+            "product": product,
+        },
+        incarnations=incarnations,
+    )
+
+
+def ideal_step_s(steps: pl.DataFrame) -> tuple[float, float]:
+    """(Ideal per-rank step time, typical job step time): medians over the steps."""
+    if steps.height == 0:
+        return math.nan, math.nan
+    per_rank = steps["step_s_sum"] / steps["num_ranks"].cast(pl.Float64)
+    return float(per_rank.median()), float(steps["step_s_max"].median())  # type: ignore[arg-type]
+
+
+def _in_steps(
+    kept: pl.DataFrame,
+    cats: dict[str, float],
+    ideal_s: float,
+    typical_max_s: float,
+    hangs: Sequence[tuple[float, float]],
+    config: GoodputConfig,
+) -> None:
+    """A kept step's time: data, exposed comm, straggler wait, compute; the excess of a warm-up
+    step over the ideal is compilation, of a stalled step hang (the rest scaled alike)."""
+    if kept.height == 0:
+        return
+    n = kept["num_ranks"].to_numpy().astype(np.float64)
+    step_sum = kept["step_s_sum"].to_numpy().astype(np.float64)
+    step_max = kept["step_s_max"].to_numpy().astype(np.float64)
+    data = kept["data_s_sum"].to_numpy().astype(np.float64)
+    wait = kept["comm_wait_s_sum"].to_numpy().astype(np.float64)
+    transfer = np.minimum(kept["transfer_s_sum"].to_numpy().astype(np.float64), wait)
+    ts = kept["ts"].to_numpy().astype(np.float64)
+    by_finding = np.zeros(ts.shape, dtype=bool)
+    for start, _detected in hangs:
+        by_finding |= (ts <= start) & (ts + step_max > start + 1e-3) & (step_max > typical_max_s)
+    # The first slow steps of an incarnation are warm-up, however slow, unless a hang was
+    # detected in them: a 10-minute first-step compile is not a stall.
+    warm = np.zeros(ts.shape, dtype=bool)
+    for i in np.argsort(ts)[: config.warmup_steps]:
+        if step_max[i] <= config.warmup_factor * typical_max_s or by_finding[i]:
+            break
+        warm[i] = True
+    stalled = by_finding | (
+        ~warm
+        & (step_max >= config.stall_factor * typical_max_s)
+        & (step_max - typical_max_s >= config.min_stall_s)
+    )
+    excess = np.where(
+        (warm | stalled) & (step_sum > 0),
+        np.clip(1.0 - n * ideal_s / np.where(step_sum > 0, step_sum, 1.0), 0.0, 1.0),
+        0.0,
+    )
+    keep = 1.0 - excess
+    cats["compile"] += float(np.sum(excess * step_sum * warm))
+    cats["hang"] += float(np.sum(excess * step_sum * stalled))
+    cats["data"] += float(np.sum(keep * data))
+    cats["exposed_comm"] += float(np.sum(keep * transfer))
+    cats["straggler_wait"] += float(np.sum(keep * (wait - transfer)))
+    cats["productive"] += float(np.sum(keep * (step_sum - data - wait)))
+
+
+def _phases_between(phases: pl.DataFrame, stepping: pl.DataFrame, until: float) -> float:
+    """Seconds of declared phases from each rank's first step to `until`."""
+    joined = phases.join(stepping.select("rank", "first_step_ts"), on="rank")
+    inside = joined.filter((pl.col("ts") >= pl.col("first_step_ts")) & (pl.col("ts") < until))
+    return float(inside["duration_s"].sum())
+
+
+def _rerun(
+    earlier: pl.DataFrame,
+    n: int,
+    rerun_s: float,
+    cats: dict[str, float],
+    ideal: tuple[float, float],
+    config: GoodputConfig,
+) -> None:
+    """Steps run again whose rows the store holds from their earlier run: `rerun_s` GPU-seconds
+    of kept progress, split as the earlier run's time was (a stall in them is hang again);
+    beyond what the earlier run took, the excess is warm-up (compilation)."""
+    rerun_s = max(0.0, rerun_s)
+    before: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+    per_rank = earlier.with_columns(
+        (pl.col(c) / pl.col("num_ranks") * n).alias(c)
+        for c in ("step_s_sum", "data_s_sum", "comm_wait_s_sum", "transfer_s_sum")
+    ).with_columns(pl.lit(n).alias("num_ranks"))
+    _in_steps(per_rank, before, ideal[0], ideal[1], (), replace(config, warmup_steps=0))
+    before_s = sum(before.values())
+    if before_s <= 0:
+        cats["productive"] += rerun_s
+        return
+    cats["compile"] += max(0.0, rerun_s - before_s)
+    scale = min(rerun_s, before_s) / before_s
+    for c, v in before.items():
+        cats[c] += v * scale
+
+
+def _resume_step(nxt: pl.DataFrame) -> int | None:
+    """The step the next incarnation resumed at: declared, else its first step."""
+    if nxt.height == 0:
+        return None
+    declared = _min_int(nxt["resumed_from"])
+    return declared if declared is not None else _min_int(nxt["first_step"])
+
+
+def _start_of(processes: pl.DataFrame, ts: np.ndarray[Any, Any]) -> float:
+    if processes.height:
+        return float(processes["started_at"].min())  # type: ignore[arg-type]
+    return _nanmin(ts)
+
+
+def _min_int(series: pl.Series) -> int | None:
+    value = series.drop_nulls().min()
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def _nanmax(x: Any) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else -math.inf
+
+
+def _nanmin(x: Any) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.min()) if x.size else math.inf
+
+
+def _empty(world_size: int) -> Goodput:
+    return Goodput(
+        world_size=world_size,
+        started_at=math.nan,
+        ended_at=math.nan,
+        total_s=0.0,
+        categories=dict.fromkeys(GOODPUT_CATEGORIES, 0.0),
+        goodput=0.0,
+        ideal_step_s=None,
+        layers={"scheduling": None, "runtime": None, "program": None, "product": None},
+    )
+
+
+def as_dict(result: Goodput) -> dict[str, Any]:
+    """A Goodput as plain JSON-able values."""
+    return {
+        "world_size": result.world_size,
+        "started_at": result.started_at,
+        "ended_at": result.ended_at,
+        "total_s": result.total_s,
+        "goodput": result.goodput,
+        "categories": dict(result.categories),
+        "ideal_step_s": result.ideal_step_s,
+        "layers": dict(result.layers),
+        "incarnations": [
+            {
+                "index": i.index,
+                "started_at": i.started_at,
+                "ended_at": i.ended_at,
+                "num_ranks": i.num_ranks,
+                "first_step": i.first_step,
+                "last_step": i.last_step,
+                "resumed_at": i.resumed_at,
+                "lost_steps": i.lost_steps,
+                "interrupted_step": i.interrupted_step,
+                "categories": dict(i.categories),
+                "failure": i.failure,
+                "hang_detection_s": i.hang_detection_s,
+            }
+            for i in result.incarnations
+        ],
+    }
+
+
+def hang_windows(findings: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """(stall ts, detection ts) of a job's hang findings."""
+    out = []
+    for f in findings:
+        if f.get("kind") != "hang":
+            continue
+        evidence = f.get("evidence") or {}
+        since = evidence.get("since_ts")
+        detected = f.get("detected_at")
+        if since is None:
+            continue
+        if detected is None:
+            detected = since + float(evidence.get("detection_s") or 0.0)
+        out.append((float(since), float(detected)))
+    return out

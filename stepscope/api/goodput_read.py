@@ -1,0 +1,125 @@
+"""The goodput response models (#20): what GET /api/v1/jobs/{id}/goodput answers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel
+
+from stepscope.analysis.goodput import Goodput
+from stepscope.query.goodput import JobGoodput
+
+
+class CategoryRead(BaseModel):
+    """One category's GPU-time."""
+
+    gpu_s: float
+    """GPU-seconds."""
+    share: float
+    """Of the job's (or the rank's) GPU-time, 0..1."""
+
+
+class IncarnationRead(BaseModel):
+    """One run of the job's processes, between two restarts."""
+
+    index: int
+    started_at: float
+    ended_at: float
+    num_ranks: int
+    first_step: int | None
+    last_step: int | None
+    resumed_at: int | None
+    """The step the next incarnation resumed at (steps from it on ran again)."""
+    lost_steps: list[int] | None
+    """[first, last] step run to its end whose progress was lost."""
+    interrupted_step: int | None
+    """The step an exception interrupted, when the profiler knew it."""
+    failure: dict[str, Any] | None
+    """The first exception of the incarnation: rank, ts, message."""
+    hang_detection_s: float | None
+    categories: dict[str, CategoryRead]
+
+
+class RankGoodputRead(BaseModel):
+    """One rank's goodput."""
+
+    goodput: float
+    categories: dict[str, CategoryRead]
+
+
+class GoodputRead(BaseModel):
+    """A job's goodput (docs/goodput.md): every GPU-second in one category."""
+
+    job_id: str
+    world_size: int
+    started_at: float | None
+    """The first rank's process start (epoch s)."""
+    ended_at: float | None
+    """The job's last recorded activity (epoch s)."""
+    total_gpu_s: float
+    goodput: float
+    """productive / total, 0..1."""
+    ideal_step_s: float | None
+    layers: dict[str, float | None]
+    """Google's layers: scheduling, runtime, program and their product."""
+    categories: dict[str, CategoryRead]
+    incarnations: list[IncarnationRead]
+    responsible: dict[str, list[dict[str, Any]]]
+    """Category → the ranks (or node), cause or exception behind it."""
+    ranks: dict[int, RankGoodputRead] | None
+    """Per rank, with per_rank=true."""
+
+
+def _categories(values: dict[str, float], total_s: float) -> dict[str, CategoryRead]:
+    return {
+        c: CategoryRead(gpu_s=v, share=v / total_s if total_s > 0 else 0.0)
+        for c, v in values.items()
+    }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _rank_read(result: Goodput) -> RankGoodputRead:
+    return RankGoodputRead(
+        goodput=result.goodput, categories=_categories(result.categories, result.total_s)
+    )
+
+
+def goodput_read(answer: JobGoodput) -> GoodputRead:
+    """The response of a job's goodput."""
+    r = answer.result
+    return GoodputRead(
+        job_id=answer.job_id,
+        world_size=r.world_size,
+        started_at=_finite(r.started_at),
+        ended_at=_finite(r.ended_at),
+        total_gpu_s=r.total_s,
+        goodput=r.goodput,
+        ideal_step_s=r.ideal_step_s,
+        layers=r.layers,
+        categories=_categories(r.categories, r.total_s),
+        incarnations=[
+            IncarnationRead(
+                index=i.index,
+                started_at=i.started_at,
+                ended_at=i.ended_at,
+                num_ranks=i.num_ranks,
+                first_step=i.first_step,
+                last_step=i.last_step,
+                resumed_at=i.resumed_at,
+                lost_steps=i.lost_steps,
+                interrupted_step=i.interrupted_step,
+                failure=i.failure,
+                hang_detection_s=i.hang_detection_s,
+                categories=_categories(i.categories, r.total_s),
+            )
+            for i in r.incarnations
+        ],
+        responsible=answer.responsible,
+        ranks=None
+        if answer.ranks is None
+        else {rank: _rank_read(g) for rank, g in answer.ranks.items()},
+    )

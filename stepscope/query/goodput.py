@@ -1,0 +1,101 @@
+"""A job's goodput (docs/goodput.md): from its step rollups, lifecycle events and findings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+import sqlalchemy as sa
+
+from stepscope.analysis import goodput as gp
+from stepscope.query.common import require_job
+from stepscope.store import frames, reads, tables
+
+LIFECYCLE_KINDS = ("start", "resume", "phase", "exit", "exception")
+_ROLLUP_COLUMNS = (
+    "step",
+    "ts",
+    "num_ranks",
+    "step_s_mean",
+    "step_s_max",
+    "data_s_mean",
+    "comm_wait_s_mean",
+    "comm_wait_s_min",
+)
+_RESPONSIBLE_KINDS = {
+    "straggler_wait": ("straggler_rank", "straggler_node"),
+    "data": ("dataloader_stall",),
+    "hang": ("hang",),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobGoodput:
+    """A job's goodput, with who is responsible for its largest badput where known."""
+
+    job_id: str
+    result: gp.Goodput
+    responsible: dict[str, list[dict[str, Any]]]
+    """Category → the ranks (or node) and cause behind it: the stragglers, the hang's
+    culprits, the ranks whose exception ended an incarnation."""
+    ranks: dict[int, gp.Goodput] | None
+    """Per rank (on request)."""
+
+
+def job_goodput(engine: sa.Engine, job_id: str, *, per_rank: bool = False) -> JobGoodput:
+    """The job's goodput; `per_rank` adds every rank's (reads the raw step rows)."""
+    job = require_job(engine, job_id)
+    rollup = reads.read_rollup(engine, tables.step_rollups, job_id, columns=_ROLLUP_COLUMNS)
+    steps = gp.job_steps(rollup)
+    life = gp.lifecycles(reads.read_events_of_kinds(engine, job_id, LIFECYCLE_KINDS))
+    world_size = int(job.get("world_size") or max(1, life.processes["rank"].n_unique()))
+    if life.processes.height == 0:
+        life = gp.without_lifecycle(steps, world_size)
+    stored_findings = reads.read_findings(engine, job_id)
+    hangs = gp.hang_windows(stored_findings)
+    ended_at = job.get("ended_at")
+    result = gp.goodput(steps, life, world_size=world_size, ended_at=ended_at, hangs=hangs)
+    ranks = None
+    if per_rank:
+        columns = ["rank", "step", "ts", "step_s", "data_s", "comm_wait_s"]
+        raw = frames.read_frame(engine, "steps", job_id, columns=columns)
+        by_rank = gp.rank_steps(raw)
+        ideal = gp.ideal_step_s(steps)
+        ranks = {}
+        for rank in sorted(set(life.processes["rank"].to_list())):
+            ranks[int(rank)] = gp.goodput(
+                by_rank.filter(pl.col("rank") == rank),
+                life,
+                world_size=1,
+                ended_at=result.ended_at if math.isfinite(result.ended_at) else None,
+                hangs=hangs,
+                ranks=[rank],
+                ideal=ideal,
+            )
+    return JobGoodput(
+        job_id=job_id,
+        result=result,
+        responsible=_responsible(stored_findings, result),
+        ranks=ranks,
+    )
+
+
+def _responsible(
+    findings: list[dict[str, Any]], result: gp.Goodput
+) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for category, kinds in _RESPONSIBLE_KINDS.items():
+        for f in findings:
+            if f["kind"] in kinds:
+                out.setdefault(category, []).append(
+                    {"ranks": f.get("ranks") or [], "node": f.get("node"), "cause": f.get("cause")}
+                )
+    for inc in result.incarnations:
+        if inc.failure is not None:
+            entry = {"ranks": [inc.failure["rank"]], "message": inc.failure["message"]}
+            entry["incarnation"] = inc.index
+            for category in ("lost_progress", "restart_downtime"):
+                out.setdefault(category, []).append(entry)
+    return out

@@ -1,0 +1,71 @@
+"""`stepscope goodput JOB` and the goodput lines of `stepscope show`, from a server and a
+database alike."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
+from stepscope.text.numbers import share
+from tests.api.test_goodput import batches
+from tests.live_server import RunningServer, run_server
+
+JOB = "cli-goodput"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    timeline = generate(
+        Scenario(
+            world_size=4,
+            num_steps=100,
+            ckpt_every=20,
+            failures=[Failure(at_step=50, rank=3, downtime_s=40.0)],
+            rank_rows=True,
+            seed=3,
+        )
+    )
+    with run_server() as running, httpx.Client(base_url=running.url, timeout=60) as client:
+        for batch in batches(timeline, JOB):
+            assert client.post("/v1/ingest", json=batch).status_code == 200
+        assert client.post(f"/api/v1/jobs/{JOB}/analyze").status_code == 200
+        yield running
+
+
+def cli(*args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", *args], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_goodput_prints_one_line_per_category_within_80_columns(server: RunningServer) -> None:
+    doc = httpx.get(f"{server.url}/api/v1/jobs/{JOB}/goodput").json()
+    for source in (("--url", server.url), ("--db", server.db_url)):
+        out = cli("goodput", JOB, *source)
+        lines = out.splitlines()
+        assert all(len(line) <= 80 for line in lines), out
+        assert lines[0].startswith(f"goodput        {share(doc['goodput'])} of ")
+        assert "1 restart(s)" in lines[0]
+        [lost] = [line for line in lines if line.strip().startswith("lost progress")]
+        assert lost.endswith("(rank 3)")
+        assert not any("unaccounted" in line and "-0.0" in line for line in lines)
+        assert share(doc["categories"]["lost_progress"]["share"]) in lost
+        [first] = [line for line in lines if line.startswith("incarnation 0")]
+        assert "lost 40-49" in first
+        assert "rank 3: RuntimeError: injected" in first
+
+
+def test_show_prints_the_goodput_and_its_top_causes(server: RunningServer) -> None:
+    out = cli("show", JOB, "--db", server.db_url)
+    [headline] = [line for line in out.splitlines() if line.startswith("goodput ")]
+    [top] = [line for line in out.splitlines() if line.startswith("top badput")]
+    assert "GPU-h lost" in headline
+    assert "restart" in top
+    assert len(top) <= 80
