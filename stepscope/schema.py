@@ -13,6 +13,9 @@ from typing import Any, Literal, get_args
 
 WIRE_SCHEMA_VERSION = 1
 MAX_ID_CHARS = 256
+DROP_REPORT_PREFIX = "stepscope dropped "
+"""The message of a profiler's `custom` event that reports records it dropped; its attributes
+count them by kind (`dropped_steps`, `dropped_collectives`, `dropped_gpu`, `dropped_events`)."""
 """Longest job id, node name or incarnation id the wire protocol and the API accept."""
 
 Dtype = Literal["str", "int", "float", "json"]

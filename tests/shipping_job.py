@@ -27,6 +27,7 @@ class ShippingJob:
         **config: Any,
     ) -> None:
         self.job_id = job_id
+        self.urls = list(urls)
         self.num_steps = num_steps
         self._interval_s = 1.0 / steps_per_s
         settings = {"flush_interval_s": 0.2, "backoff_max_s": 2.0, **config}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepscope.schema import COLLECTIVES, GPU, STEPS, WIRE_SCHEMA_VERSION
+from stepscope.schema import COLLECTIVES, DROP_REPORT_PREFIX, GPU, STEPS, WIRE_SCHEMA_VERSION
 
 from .config import Config, default_flush_interval_s
 
@@ -215,12 +215,20 @@ class Shipper:
 
     def _build_batches(self) -> None:
         while any(self._buffers.values()) or self._job_changed:
+            if self._pending and not self._full_batch_buffered():
+                # While batches wait for the collector, records wait in the buffer until they
+                # fill a batch: an outage then costs max_buffer_rows, not max_pending_batches
+                # batches of a few rows each (which would overflow into drops much sooner).
+                return
             batch = self._next_batch()
             if len(self._pending) >= self._config.max_pending_batches:
                 if not self._spill(batch):
                     self._drop(batch)
                 continue
             self._pending.append(batch)
+
+    def _full_batch_buffered(self) -> bool:
+        return any(len(b) >= self._config.max_batch_rows for b in self._buffers.values())
 
     def _next_batch(self) -> _Batch:
         limit = self._config.max_batch_rows
@@ -335,7 +343,7 @@ class Shipper:
             {
                 "ts": time.time(),
                 "kind": "custom",
-                "message": f"stepscope dropped {total} records (buffer full or collector "
+                "message": f"{DROP_REPORT_PREFIX}{total} records (buffer full or collector "
                 "unreachable)",
                 "attributes": {f"dropped_{k}": n for k, n in new.items()},
             }

@@ -20,7 +20,7 @@ from tests.shipping_job import ShippingJob
 from tests.support import throwaway_postgres
 
 NUM_RANKS, NUM_STEPS, STEPS_PER_S = 8, 200, 20.0
-PROBED = ("/healthz", "/api/v1/jobs", "/api/v1/jobs/outage/summary")
+PROBED = ("/healthz", "/api/v1/jobs", "/api/v1/jobs/outage")
 
 
 class Prober:
