@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -149,6 +150,20 @@ def run_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def post_batch(url: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """POST one wire batch (plain JSON) to the collector at `url`; its answer (HTTPError for
+    an answer that is not 2xx)."""
+    request = urllib.request.Request(
+        url + "/v1/ingest",
+        data=json.dumps(doc).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def read_rows(db_url: str, table: str, job_id: str | None) -> list[dict[str, Any]]:

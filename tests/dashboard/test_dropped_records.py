@@ -7,18 +7,7 @@ import urllib.request
 from typing import Any
 
 from stepscope.schema import DROP_REPORT_PREFIX
-from tests.live_server import run_server
-
-
-def _post(url: str, doc: dict[str, Any]) -> None:
-    request = urllib.request.Request(
-        url + "/v1/ingest",
-        data=json.dumps(doc).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
+from tests.live_server import post_batch, run_server
 
 
 def _drop_report(rank: int, seq: int, num_steps: int, num_gpu: int) -> dict[str, Any]:
@@ -43,9 +32,9 @@ def _drop_report(rank: int, seq: int, num_steps: int, num_gpu: int) -> dict[str,
 
 def test_the_job_page_and_summary_say_how_many_records_were_dropped(browser: Any) -> None:
     with run_server() as server:
-        _post(server.url, _drop_report(rank=0, seq=0, num_steps=1200, num_gpu=34))
-        _post(server.url, _drop_report(rank=1, seq=0, num_steps=7, num_gpu=0))
-        _post(server.url, _drop_report(rank=1, seq=1, num_steps=3, num_gpu=0))
+        post_batch(server.url, _drop_report(rank=0, seq=0, num_steps=1200, num_gpu=34))
+        post_batch(server.url, _drop_report(rank=1, seq=0, num_steps=7, num_gpu=0))
+        post_batch(server.url, _drop_report(rank=1, seq=1, num_steps=3, num_gpu=0))
         with urllib.request.urlopen(f"{server.url}/api/v1/jobs/dropping", timeout=30) as r:
             summary = json.loads(r.read())
         context = browser.new_context()

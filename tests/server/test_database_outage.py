@@ -3,7 +3,6 @@ recovery by itself, and every row stored exactly once after the profilers resent
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.error
@@ -15,7 +14,7 @@ import pytest
 
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
-from tests.live_server import ServerProcess, read_rows
+from tests.live_server import ServerProcess, post_batch, read_rows
 from tests.shipping_job import ShippingJob
 from tests.support import throwaway_postgres
 
@@ -118,22 +117,16 @@ ACCEPTED = {"steps": 1, "collectives": 0, "gpu": 0, "events": 0}
 
 def _post_batch(url: str) -> dict[str, object]:
     """POST one batch of one step row; the collector's answer."""
-    doc = {
-        "schema": 1,
-        "job": {"job_id": "locked-probe", "world_size": 1},
-        "source": {"rank": 0, "incarnation": "probe"},
-        "seq": 0,
-        "steps": {"step": [0], "ts": [1.7e9], "step_s": [0.1], "data_s": [0.0]},
-    }
-    request = urllib.request.Request(
-        url + "/v1/ingest",
-        data=json.dumps(doc).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
+    return post_batch(
+        url,
+        {
+            "schema": 1,
+            "job": {"job_id": "locked-probe", "world_size": 1},
+            "source": {"rank": 0, "incarnation": "probe"},
+            "seq": 0,
+            "steps": {"step": [0], "ts": [1.7e9], "step_s": [0.1], "data_s": [0.0]},
+        },
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        answer: dict[str, object] = json.loads(response.read())
-        return answer
 
 
 def test_a_locked_sqlite_database_answers_503_and_recovers(tmp_path: Path) -> None:
