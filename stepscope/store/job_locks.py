@@ -2,8 +2,8 @@
 
 On PostgreSQL a session-level advisory lock per job, held on a connection of its own for the
 pass: a replica that dies (or loses its connection) releases it with its session, so another
-replica takes the job over at its next pass. On SQLite, which one server owns, a lock in the
-process.
+replica takes the job over at its next pass. Before it, and alone on SQLite (which one
+server owns), a lock per engine and job serves the threads of one process.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +19,10 @@ import sqlalchemy as sa
 
 _POLL_S = 0.1
 _local_guard = threading.Lock()
-_local: dict[tuple[str, str], threading.Lock] = {}
+_local: weakref.WeakKeyDictionary[sa.Engine, dict[str, threading.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per engine (one server, or one command, holds one): the lock of each job its passes took."""
 
 
 def lock_key(job_id: str) -> int:
@@ -28,9 +32,8 @@ def lock_key(job_id: str) -> int:
 
 
 def _local_lock(engine: sa.Engine, job_id: str) -> threading.Lock:
-    key = (engine.url.render_as_string(), job_id)
     with _local_guard:
-        return _local.setdefault(key, threading.Lock())
+        return _local.setdefault(engine, {}).setdefault(job_id, threading.Lock())
 
 
 @contextmanager
