@@ -110,6 +110,13 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def peak_rss_bytes(self) -> int:
+        """The server process's peak resident memory so far (Linux), in bytes."""
+        assert self._proc is not None
+        status = Path(f"/proc/{self._proc.pid}/status").read_text()
+        [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+        return int(line.split()[1]) * 1024
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -116,5 +116,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     from stepscope.dashboard import mount_dashboard
 
-    mount_dashboard(app, engine, auth=settings.auth, token_scopes=tokens.scopes)
+    mount_dashboard(
+        app,
+        engine,
+        auth=settings.auth,
+        token_scopes=tokens.scopes,
+        retry_after_s=settings.retry_after_s,
+    )
     return app
