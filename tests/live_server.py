@@ -117,6 +117,12 @@ class ServerProcess:
         [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
         return int(line.split()[1]) * 1024
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the server process used so far (Linux)."""
+        assert self._proc is not None
+        fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
