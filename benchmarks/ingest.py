@@ -32,7 +32,7 @@ from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
-from stepscope.store.writer import insert_ignoring_duplicates  # noqa: E402
+from stepscope.store.writer import BatchWriter, insert_ignoring_duplicates  # noqa: E402
 from stepscope.synthetic.generate import JobSpec, generate  # noqa: E402
 from stepscope.synthetic.stream import batch_rounds  # noqa: E402
 from tests.live_server import ServerProcess, run_server  # noqa: E402
@@ -239,6 +239,36 @@ def bench_sustained(db_url: str, args: argparse.Namespace) -> None:
     )
 
 
+def path_costs(db_url: str, num_ranks: int, flush_steps: int) -> None:
+    """CPU per batch of each stage of ingest, in this process (no HTTP): where to cut first."""
+    rounds = job_rounds(num_ranks, flush_steps, flush_steps)
+    bodies = [body for bodies in rounds for body in bodies]
+    started = time.process_time()
+    docs = [decode_body(b, content_encoding="gzip", max_bytes=1 << 30) for b in bodies]
+    decoded = time.process_time()
+    batches = [parse_batch(doc) for doc in docs]
+    validated = time.process_time()
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = BatchWriter(engine)
+    futures = [
+        writer.submit(job=b.job, source=b.source, seq=b.seq, sections=b.sections) for b in batches
+    ]
+    for future in futures:
+        future.result()
+    written = time.process_time()
+    writer.close()
+    engine.dispose()
+    rows = sum(len(cols["rank"]) for b in batches for cols in b.sections.values())
+    ms = 1e3 / len(bodies)  # per batch
+    decode_ms, validate_ms = (decoded - started) * ms, (validated - decoded) * ms
+    print(
+        f"  path costs, {len(bodies)} batches of {rows / len(bodies):.0f} rows, CPU per batch: "
+        f"gunzip + JSON {decode_ms:.2f} ms, validation {validate_ms:.2f} ms, "
+        f"writer {(written - validated) * ms:.2f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -255,7 +285,18 @@ def main() -> None:
     parser.add_argument(
         "--sustained-only", action="store_true", help="skip the burst and its raw-insert limit"
     )
+    parser.add_argument(
+        "--path-costs",
+        type=int,
+        default=0,
+        metavar="RANKS",
+        help="only print the CPU per batch of each ingest stage, for a job of RANKS ranks",
+    )
     args = parser.parse_args()
+    if args.path_costs:
+        with fresh_postgres_database() as url:
+            path_costs(url, args.path_costs, args.flush_steps)
+        return
     for name in args.engines.split(","):
         if name == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:
