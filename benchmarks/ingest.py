@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -31,10 +32,10 @@ from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
-from stepscope.store.writer import insert_ignoring_duplicates  # noqa: E402
+from stepscope.store.writer import BatchWriter, insert_ignoring_duplicates  # noqa: E402
 from stepscope.synthetic.generate import JobSpec, generate  # noqa: E402
 from stepscope.synthetic.stream import batch_rounds  # noqa: E402
-from tests.live_server import run_server  # noqa: E402
+from tests.live_server import ServerProcess, run_server  # noqa: E402
 from tests.support import fresh_postgres_database  # noqa: E402
 
 
@@ -75,9 +76,14 @@ class Conn:
 
 
 async def post_rounds(
-    port: int, rounds: list[list[bytes]], round_interval_s: float, num_conns: int = 512
+    port: int,
+    rounds: list[list[bytes]],
+    round_interval_s: float,
+    num_conns: int = 512,
+    latencies_s: list[float] | None = None,
 ) -> tuple[float, int, list[float]]:
-    """Post round k at k × interval (0: back to back); elapsed s, rows, per-round lag s."""
+    """Post round k at k × interval (0: back to back); elapsed s, rows, per-round lag s (and
+    each request's latency, into `latencies_s`)."""
     conns = [Conn("127.0.0.1", port) for _ in range(min(num_conns, len(rounds[0])))]
     rows = 0
     lags = []
@@ -86,7 +92,10 @@ async def post_rounds(
     async def drain(conn: Conn, bodies: list[bytes]) -> int:
         accepted = 0
         for body in bodies:
+            sent_at = time.perf_counter()
             status, payload = await conn.post("/v1/ingest", body)
+            if latencies_s is not None:
+                latencies_s.append(time.perf_counter() - sent_at)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {payload[:200]!r}")
             accepted += sum(orjson.loads(payload)["accepted"].values())
@@ -155,6 +164,12 @@ def job_rounds(num_ranks: int, num_steps: int, flush_steps: int) -> list[list[by
 
 def bench_engine(name: str, db_url: str, args: argparse.Namespace) -> None:
     upgrade(make_engine(db_url))
+    if not args.sustained_only:
+        bench_burst(name, db_url, args)
+    bench_sustained(db_url, args)
+
+
+def bench_burst(name: str, db_url: str, args: argparse.Namespace) -> None:
     rounds = job_rounds(args.ranks, args.steps, args.flush_steps)
     num_batches = sum(len(r) for r in rounds)
     with run_server(db_url) as server:
@@ -182,17 +197,75 @@ def bench_engine(name: str, db_url: str, args: argparse.Namespace) -> None:
         f"ratio {http_rate / single:.2f}"
     )
 
+
+def bench_sustained(db_url: str, args: argparse.Namespace) -> None:
+    started = time.perf_counter()
     rounds = job_rounds(args.sustained_ranks, args.sustained_steps, args.flush_steps)
-    with run_server(db_url) as server:
-        elapsed, rows, lags = asyncio.run(post_rounds(server.port, rounds, args.flush_steps))
+    made_s = time.perf_counter() - started
+    latencies_s: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with ServerProcess(db_url, log_path=Path(tmp) / "server.log") as server:
+            cpu_before_s = server.cpu_s()
+            elapsed, rows, lags = asyncio.run(
+                post_rounds(server.port, rounds, args.flush_steps, latencies_s=latencies_s)
+            )
+            server_cpu_s = server.cpu_s() - cpu_before_s
+            peak_rss_bytes = server.peak_rss_bytes()
     trained_s = args.sustained_steps  # 1 step/s
     keeps_up = max(lags) < args.flush_steps
+    busy = sum(lags) / len(lags) / args.flush_steps
+    latencies_s.sort()
+    p50_s = latencies_s[len(latencies_s) // 2]
+    p99_s = latencies_s[min(len(latencies_s) - 1, int(len(latencies_s) * 0.99))]
     print(
         f"  sustained: {args.sustained_ranks} ranks at 1 step/s, flush every {args.flush_steps} "
-        f"steps: {rows} rows over {elapsed:.1f} s for {trained_s} s of training; "
+        f"steps ({len(rounds)} rounds of {len(rounds[0])} batches, made in {made_s:.1f} s): "
+        f"{rows} rows over {elapsed:.1f} s for {trained_s} s of training; "
         f"round lag max {max(lags):.2f} s, mean {sum(lags) / len(lags):.2f} s -> "
-        f"{'keeps up' if keeps_up else 'FALLS BEHIND'}; "
-        f"server took {sum(lags) / len(lags) / args.flush_steps:.0%} of each flush interval"
+        f"{'keeps up' if keeps_up else 'FALLS BEHIND'}"
+    )
+    # On a shared machine the wall-clock share says as much about the neighbours as about the
+    # server; its own CPU time per interval does not.
+    cpu_busy = server_cpu_s / (len(rounds) * args.flush_steps)
+    print(
+        f"  server CPU {server_cpu_s:.1f} s for {len(rounds)} rounds: {cpu_busy:.0%} of one core "
+        f"per flush interval (goal <= 50%); load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"  server wall-clock busy {busy:.0%} of each flush interval (goal <= 50%); ingest latency "
+        f"p50 {p50_s * 1e3:.0f} ms, p99 {p99_s * 1e3:.0f} ms; server peak RSS "
+        f"{peak_rss_bytes / 2**20:.0f} MiB"
+    )
+
+
+def path_costs(db_url: str, num_ranks: int, flush_steps: int) -> None:
+    """CPU per batch of each stage of ingest, in this process (no HTTP): where to cut first."""
+    rounds = job_rounds(num_ranks, flush_steps, flush_steps)
+    bodies = [body for bodies in rounds for body in bodies]
+    started = time.process_time()
+    docs = [decode_body(b, content_encoding="gzip", max_bytes=1 << 30) for b in bodies]
+    decoded = time.process_time()
+    batches = [parse_batch(doc) for doc in docs]
+    validated = time.process_time()
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = BatchWriter(engine)
+    futures = [
+        writer.submit(job=b.job, source=b.source, seq=b.seq, sections=b.sections) for b in batches
+    ]
+    for future in futures:
+        future.result()
+    written = time.process_time()
+    writer.close()
+    engine.dispose()
+    rows = sum(len(cols["rank"]) for b in batches for cols in b.sections.values())
+    ms = 1e3 / len(bodies)  # per batch
+    decode_ms, validate_ms = (decoded - started) * ms, (validated - decoded) * ms
+    print(
+        f"  path costs, {len(bodies)} batches of {rows / len(bodies):.0f} rows, CPU per batch: "
+        f"gunzip + JSON {decode_ms:.2f} ms, validation {validate_ms:.2f} ms, "
+        f"writer {(written - validated) * ms:.2f} ms"
     )
 
 
@@ -209,7 +282,21 @@ def main() -> None:
     parser.add_argument("--sustained-ranks", type=int, default=4096)
     parser.add_argument("--sustained-steps", type=int, default=60)
     parser.add_argument("--engines", default="sqlite,postgresql")
+    parser.add_argument(
+        "--sustained-only", action="store_true", help="skip the burst and its raw-insert limit"
+    )
+    parser.add_argument(
+        "--path-costs",
+        type=int,
+        default=0,
+        metavar="RANKS",
+        help="only print the CPU per batch of each ingest stage, for a job of RANKS ranks",
+    )
     args = parser.parse_args()
+    if args.path_costs:
+        with fresh_postgres_database() as url:
+            path_costs(url, args.path_costs, args.flush_steps)
+        return
     for name in args.engines.split(","):
         if name == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:

@@ -167,6 +167,7 @@ def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> 
     assert world is not None
     return {
         "groups": {"world": {"name": world.group_name, "ranks": list(range(world.size()))}},
+        "steps_trained": len(losses),
         "final_loss": losses[-1],
         "final_loss_hex": hexes[-1],
         "losses_hex": hexes,
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     if shipper is not None:
         summary["bytes_sent"] = shipper.stats.num_bytes_sent
         summary["steps_sent"] = shipper.stats.num_rows_sent["steps"]
+        summary["collectives_sent"] = shipper.stats.num_rows_sent["collectives"]
+        summary["batches_sent"] = shipper.stats.num_batches_sent
+        summary["dropped"] = shipper.stats.num_dropped
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(summary))

@@ -13,6 +13,14 @@ from typing import Any, Literal, get_args
 
 WIRE_SCHEMA_VERSION = 1
 MAX_ID_CHARS = 256
+MAX_DURATION_S = 7 * 86_400.0
+"""Longest duration a record may hold (a step, a section, a collective's busy time), in
+seconds: anything longer is a broken clock, refused with a 422 that names the column."""
+MAX_EPOCH_S = 2.0**32
+"""Timestamps are Unix epoch seconds from 1970 to 2106; others are refused (422)."""
+DROP_REPORT_PREFIX = "stepscope dropped "
+"""The message of a profiler's `custom` event that reports records it dropped; its attributes
+count them by kind (`dropped_steps`, `dropped_collectives`, `dropped_gpu`, `dropped_events`)."""
 """Longest job id, node name or incarnation id the wire protocol and the API accept."""
 
 Dtype = Literal["str", "int", "float", "json"]

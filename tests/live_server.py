@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -51,6 +52,88 @@ def wait_healthy(
     raise TimeoutError(f"server at {url} not healthy after {timeout_s} s")
 
 
+def serve_command(db_url: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:
+    """The command line of `stepscope serve` on a loopback port."""
+    return [
+        *(sys.executable, "-m", "stepscope.cli", "serve"),
+        *("--host", "127.0.0.1", "--port", str(port), "--db", db_url),
+        *extra_args,
+    ]
+
+
+class ServerProcess:
+    """A `stepscope serve` that a test kills and starts again on the same port and database;
+    its stderr goes to `log_path` (read it with `log()`)."""
+
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        log_path: Path,
+        port: int | None = None,
+        extra_args: Sequence[str] = ("--analyze-interval", "0"),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.db_url = db_url
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._args = list(extra_args)
+        self._env = {**os.environ, **(env or {})}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server and wait until it answers /healthz."""
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                serve_command(self.db_url, self.port, self._args),
+                cwd=self.log_path.parent,
+                env=self._env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        wait_healthy(self.url, proc=self._proc)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, as when a node dies."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Terminate gracefully (SIGKILL after 10 s)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def peak_rss_bytes(self) -> int:
+        """The server process's peak resident memory so far (Linux), in bytes."""
+        assert self._proc is not None
+        status = Path(f"/proc/{self._proc.pid}/status").read_text()
+        [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+        return int(line.split()[1]) * 1024
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the server process used so far (Linux)."""
+        assert self._proc is not None
+        fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
 @contextmanager
 def run_server(
     db_url: str | None = None,
@@ -62,23 +145,8 @@ def run_server(
     with tempfile.TemporaryDirectory(prefix="stepscope-test-") as tmp:
         db_url = db_url or f"sqlite:///{Path(tmp) / 'stepscope.db'}"
         port = port or free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "stepscope.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--db",
-            db_url,
-            "--analyze-interval",
-            "0",
-            *extra_args,
-        ]
         proc = subprocess.Popen(
-            cmd,
+            serve_command(db_url, port, ["--analyze-interval", "0", *extra_args]),
             cwd=tmp,
             env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
@@ -95,6 +163,20 @@ def run_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def post_batch(url: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """POST one wire batch (plain JSON) to the collector at `url`; its answer (HTTPError for
+    an answer that is not 2xx)."""
+    request = urllib.request.Request(
+        url + "/v1/ingest",
+        data=json.dumps(doc).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def read_rows(db_url: str, table: str, job_id: str | None) -> list[dict[str, Any]]:

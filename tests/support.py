@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +100,76 @@ def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> 
             yield i
     finally:
         writer.close()
+
+
+@dataclass(slots=True)
+class ThrowawayPostgres:
+    """A PostgreSQL cluster of the test's own, in a temporary directory on a free port."""
+
+    data_dir: Path
+    port: int
+    run_as: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self.run_as, str(_pg_bin("pg_ctl")), "-D", str(self.data_dir / "data"), *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._ctl("-l", str(self.data_dir / "log"), "-w", "-o", options, "start")
+
+    def stop(self) -> None:
+        """A fast shutdown: sessions are terminated, as in a restart by an operator."""
+        self._ctl("-m", "fast", "-w", "stop")
+
+
+def _pg_bin(name: str) -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if found:
+        return found[-1]
+    return Path(shutil.which(name) or name)
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
+    """Start a new PostgreSQL cluster (initdb + pg_ctl) that a test may stop and restart; the
+    shared server is never touched. As root, the cluster runs as the `postgres` user."""
+    import socket
+    import tempfile
+
+    initdb = _pg_bin("initdb")
+    require(initdb.exists(), "PostgreSQL's initdb and pg_ctl")
+    run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    with tempfile.TemporaryDirectory(prefix="stepscope-pg-") as tmp:
+        data_dir = Path(tmp)
+        if run_as:
+            shutil.chown(data_dir, user="postgres")
+        subprocess.run(
+            [*run_as, str(initdb), "-D", str(data_dir / "data"), "-A", "trust", "-U", "postgres"]
+            + ["--no-sync", "-E", "UTF8"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        cluster = ThrowawayPostgres(data_dir=data_dir, port=port, run_as=run_as)
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            try:
+                cluster._ctl("-m", "immediate", "-w", "stop")
+            except subprocess.CalledProcessError:
+                pass  # already stopped

@@ -11,18 +11,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from stepscope.api.schemas import ErrorRead, ParameterError, ValidationErrorRead
-from stepscope.pipeline.job_pass import RawRowsPrunedError
+from stepscope.pipeline.job_pass import JobBusyError, RawRowsPrunedError
 from stepscope.query import JobNotFound
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorRead, "description": "No or unknown bearer token (auth on)"},
     403: {"model": ErrorRead, "description": "The token lacks the route's scope"},
     422: {"model": ValidationErrorRead, "description": "A parameter is wrong (named)"},
+    503: {
+        "model": ErrorRead,
+        "description": "The database is unavailable for now; retry after Retry-After seconds",
+    },
 }
 JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorRead, "description": "No such job"},
 }
+BUSY_RETRY_AFTER_S = 10
+"""Retry-After of a 503 for a job whose analysis runs elsewhere, in seconds."""
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_INPUT_CHARS = 60
 
@@ -33,6 +39,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(ValueError, _bad_argument)  # type: ignore[arg-type]
     app.add_exception_handler(RawRowsPrunedError, _pruned)  # type: ignore[arg-type]
+    app.add_exception_handler(JobBusyError, _busy)  # type: ignore[arg-type]
 
 
 async def _job_not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
@@ -41,6 +48,11 @@ async def _job_not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
 
 async def _pruned(_request: Request, exc: RawRowsPrunedError) -> JSONResponse:
     return JSONResponse(ErrorRead(detail=str(exc)).model_dump(), status_code=409)
+
+
+async def _busy(_request: Request, exc: JobBusyError) -> JSONResponse:
+    body = ErrorRead(detail=str(exc)).model_dump()
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
 
 
 def _unprocessable(errors: list[ParameterError]) -> JSONResponse:

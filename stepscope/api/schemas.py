@@ -125,6 +125,9 @@ class JobSummaryRead(BaseModel):
     num_critical: int | None
     analysed_at: float | None
     attributes: dict[str, Any] | None
+    num_records_dropped: int
+    """Records the job's profilers dropped (buffer full while the collector was unreachable)
+    and reported: the stored rows miss exactly these."""
 
     @classmethod
     def of(cls, summary: query.JobSummary) -> JobSummaryRead:

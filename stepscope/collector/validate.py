@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -85,7 +86,28 @@ def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) ->
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        where = _non_finite_number(body)
+        if where is not None:  # NaN or Infinity, as JavaScript and Python's json write them
+            raise BatchError(f"{where} must hold finite numbers (got NaN or Infinity)") from exc
         raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+
+
+def _non_finite_number(body: bytes) -> str | None:
+    """Where the first NaN or ±Infinity is in a body that only they make invalid JSON."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "body"
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}".lstrip("."), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _check_scalar(where: str, value: Any, dtype: schema.Dtype, *, required: bool) -> None:
@@ -97,6 +119,8 @@ def _check_scalar(where: str, value: Any, dtype: schema.Dtype, *, required: bool
         raise BatchError(f"{where} must be of type {dtype}, got {type(value).__name__}")
     if isinstance(value, str) and not value.strip():
         raise BatchError(f"{where} must not be empty")
+    if isinstance(value, str) and "\x00" in value:
+        raise BatchError(f"{where} must not contain NUL characters")
 
 
 def _check_object(
@@ -131,14 +155,26 @@ def _numbers_ok(spec: schema.Column, present: list[Any]) -> str | None:
             return "holds a number out of the float range"
         if not finite:
             return "must hold finite numbers"
-        return "must not be negative" if non_negative and low < 0 else None
-    try:
-        array = np.array(present, dtype=np.float64 if spec.dtype == "float" else np.int64)
-    except OverflowError:
-        return "holds a number out of the 64-bit range"
-    if spec.dtype == "float" and not np.isfinite(array).all():
-        return "must hold finite numbers"
-    return "must not be negative" if non_negative and (array < 0).any() else None
+    else:
+        try:
+            array = np.array(present, dtype=np.float64 if spec.dtype == "float" else np.int64)
+        except OverflowError:
+            return "holds a number out of the 64-bit range"
+        if spec.dtype == "float" and not np.isfinite(array).all():
+            return "must hold finite numbers"
+        low, high = array.min(), array.max()
+    if non_negative and low < 0:
+        return "must not be negative"
+    return _plausible(spec, low, high)
+
+
+def _plausible(spec: schema.Column, low: float, high: float) -> str | None:
+    """What makes a column's range impossible (a broken clock), or None."""
+    if spec.name == "ts" and not 0 <= low <= high < schema.MAX_EPOCH_S:
+        return "must be Unix epoch seconds between 1970 and 2106"
+    if spec.unit == "s" and spec.name != "ts" and high > schema.MAX_DURATION_S:
+        return f"holds a duration over {schema.MAX_DURATION_S / 86_400:.0f} days"
+    return None
 
 
 def _column(section: str, spec: schema.Column, values: Any) -> list[Any]:
@@ -154,6 +190,8 @@ def _column(section: str, spec: schema.Column, values: Any) -> list[Any]:
     if has_null and spec.required:
         raise BatchError(f"{where} must not contain null")
     if spec.dtype == "str":
+        if "\x00" in "".join(filter(None, values)):  # PostgreSQL cannot store it
+            raise BatchError(f"{where} must not contain NUL characters")
         return values
     problem = _numbers_ok(spec, [v for v in values if v is not None] if has_null else values)
     if problem:
@@ -176,7 +214,10 @@ def _columnar(section: str, table: schema.Table, payload: Any) -> Columns | None
     missing = [name for name in table.required if name in wire and name not in payload]
     if missing:
         raise BatchError(f"{section} is missing required column(s): {', '.join(missing)}")
-    lengths = {name: len(v) if isinstance(v, list) else -1 for name, v in payload.items()}
+    not_lists = [name for name, v in payload.items() if not isinstance(v, list)]
+    if not_lists:
+        raise BatchError(f"{section}.{not_lists[0]} must be a list of values, one per row")
+    lengths = {name: len(v) for name, v in payload.items()}
     num_rows = max(lengths.values())
     if any(n != num_rows for n in lengths.values()):
         raise BatchError(f"{section} columns differ in length: {lengths}")

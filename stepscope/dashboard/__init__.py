@@ -16,13 +16,15 @@ def mount_dashboard(
     *,
     auth: bool,
     token_scopes: Callable[[str], frozenset[str] | None],
+    retry_after_s: int = 5,
 ) -> None:
     """Serve the dashboard at `/` of `app` (its own paths only; with auth, behind sign-in).
 
-    `token_scopes` gives a bearer token's scopes (None for an unknown token).
+    `token_scopes` gives a bearer token's scopes (None for an unknown token); while the
+    database is unavailable, pages and callbacks answer 503 with `retry_after_s`.
     """
     from stepscope.dashboard.app import build_dash
     from stepscope.dashboard.mount import DashboardRoute
 
-    dash_app = build_dash(engine, auth=auth)
+    dash_app = build_dash(engine, auth=auth, retry_after_s=retry_after_s)
     app.router.routes.append(DashboardRoute(dash_app.server, auth=auth, token_scopes=token_scopes))

@@ -12,14 +12,16 @@ import sqlalchemy as sa
 
 from stepscope.dashboard import components, context, live
 from stepscope.dashboard.pages import PAGE_MODULES
+from stepscope.store.availability import OUTAGES, is_unavailable
 
 ASSETS = Path(__file__).with_name("assets")
 
 
-def build_dash(engine: sa.Engine, *, auth: bool) -> dash.Dash:
+def build_dash(engine: sa.Engine, *, auth: bool, retry_after_s: int = 5) -> dash.Dash:
     """A Dash app on its own Flask server, with every page and callback registered."""
     server = flask.Flask(__name__)
     context.attach(server, engine)
+    _answer_outages(server, retry_after_s)
     app = dash.Dash(
         __name__,
         server=server,  # type: ignore[arg-type]
@@ -38,6 +40,24 @@ def build_dash(engine: sa.Engine, *, auth: bool) -> dash.Dash:
         module.register_callbacks(app)
     live.register_callbacks(app)
     return app
+
+
+def _answer_outages(server: flask.Flask, retry_after_s: int) -> None:
+    """503 with Retry-After, not a 500 and a traceback, while the database is unavailable."""
+
+    def unavailable(exc: Exception) -> flask.Response:
+        if not is_unavailable(exc):
+            raise exc
+        OUTAGES.unavailable(exc)
+        return flask.Response(
+            f"The database is unavailable for now; retry in {retry_after_s} s.",
+            status=503,
+            headers={"Retry-After": str(retry_after_s)},
+            mimetype="text/plain",
+        )
+
+    for error in (sa.exc.DBAPIError, sa.exc.TimeoutError):
+        server.register_error_handler(error, unavailable)
 
 
 def _page(name: str) -> ModuleType:

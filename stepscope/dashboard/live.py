@@ -50,7 +50,23 @@ def last_update_text(s: query.JobSummary) -> str:
 
 
 def status_note(s: query.JobSummary) -> html.Div | None:
-    """Why the page may look empty or early: no steps yet, not analysed, warming up, stale."""
+    """Why the page may look empty, early or incomplete: no steps yet, not analysed, warming
+    up, stale; and records the profilers dropped."""
+    notes = [note for note in (_progress_note(s), _dropped_note(s)) if note is not None]
+    return html.Div(notes) if notes else None
+
+
+def _dropped_note(s: query.JobSummary) -> html.Div | None:
+    if not s.num_records_dropped:
+        return None
+    note = (
+        f"The profilers dropped {numbers.integer(s.num_records_dropped)} records (their "
+        "buffers filled while the collector was unreachable): the figures miss them."
+    )
+    return html.Div(note, className="note-box", role="alert")
+
+
+def _progress_note(s: query.JobSummary) -> html.Div | None:
     if not s.num_steps:
         note = (
             "No step has been rolled up yet: the job has sent nothing, or the analyzer has not "

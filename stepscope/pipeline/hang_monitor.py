@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from stepscope import schema
 from stepscope.analysis.hangs import HangState, RankReport, attribute_hang, resumed
 from stepscope.store import hang_reports
+from stepscope.store.availability import OUTAGES, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,10 @@ class HangMonitor:
             with self._engine.begin() as conn:
                 hang_reports.upsert_reports(conn, [row for row, _ in group])
         except Exception as exc:
-            log.exception("storing %d hang report(s) failed", len(group))
+            if is_unavailable(exc):  # the request answers 503; the rank reports again
+                OUTAGES.unavailable(exc)
+            else:
+                log.exception("storing %d hang report(s) failed", len(group))
             for _, future in group:
                 future.set_exception(exc)
             return
@@ -157,8 +161,11 @@ class HangMonitor:
             self._last_run[job_id] = time.monotonic()
             try:
                 self.attribute(job_id)
-            except Exception:
-                log.exception("hang attribution of job %s failed", job_id)
+            except Exception as exc:
+                if is_unavailable(exc):
+                    OUTAGES.unavailable(exc)
+                else:
+                    log.exception("hang attribution of job %s failed", job_id)
 
     def attribute(self, job_id: str) -> schema.Finding | None:
         """Attribute the job's hang from its stored reports, in one transaction; the open

@@ -35,6 +35,7 @@ from stepscope.pipeline.recent_rows import RecentRows
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.state import AnalysisState, Write, widen
 from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables, tables
+from stepscope.store.job_locks import job_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,14 @@ webhook sender): it must return at once; an error in it is logged, never raised.
 
 class RawRowsPrunedError(RuntimeError):
     """A full re-analysis of a job whose raw rows `stepscope db prune` deleted."""
+
+
+class JobBusyError(RuntimeError):
+    """Another pass over the job (another thread, or another server replica) kept it."""
+
+
+LOCK_WAIT_S = 60.0
+"""How long an on-demand pass waits for the job's pass that is running elsewhere."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -458,10 +467,17 @@ def analyze_stored_job(
     grace_s: float = 30.0,
     on_findings: FindingsHook | None = None,
     resources: PassResources | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
 ) -> list[schema.Finding]:
-    """Bring a stored job's rollups and findings up to date (from scratch with `full`)."""
-    with JobAnalyzer(
-        engine, job_id, grace_s=grace_s, on_findings=on_findings, resources=resources
-    ) as analyzer:
+    """Bring a stored job's rollups and findings up to date (from scratch with `full`), after
+    the job's pass running elsewhere, if any (JobBusyError when that takes `lock_wait_s`)."""
+    with (
+        job_lock(engine, job_id, wait_s=lock_wait_s) as held,
+        JobAnalyzer(
+            engine, job_id, grace_s=grace_s, on_findings=on_findings, resources=resources
+        ) as analyzer,
+    ):
+        if not held:
+            raise JobBusyError(f"job {job_id} is being analysed elsewhere; retry shortly")
         result = analyzer.run(full=full)
     return result.findings if result.findings else findings.load_findings(engine, job_id)

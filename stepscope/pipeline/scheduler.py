@@ -1,9 +1,17 @@
-"""The server's background analysis: an incremental pass over each active job, on a timer."""
+"""The server's background analysis: an incremental pass over each active job, on a timer.
+
+A pass that fails is retried at the next tick, then less and less often while it keeps
+failing; it holds up neither the other jobs' passes nor ingest and the API. Each job's pass
+runs in one place at a time (stepscope.store.job_locks): with several server replicas on one
+PostgreSQL, the replica that takes a job's lock first runs its pass and the others skip it.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -11,8 +19,31 @@ from stepscope import query
 from stepscope.pipeline.job_pass import FindingsHook, JobAnalyzer
 from stepscope.pipeline.resources import PassResources
 from stepscope.store import jobs
+from stepscope.store.availability import OUTAGES, is_unavailable
+from stepscope.store.job_locks import job_lock
 
 log = logging.getLogger(__name__)
+
+MAX_RETRY_INTERVALS = 16
+"""A job whose pass keeps failing is retried at least every this many intervals."""
+
+
+@dataclass(slots=True)
+class _Failing:
+    num_failures: int
+    retry_at: float
+    """time.monotonic() before which the job's pass is not tried again."""
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """What one round of passes did."""
+
+    changed: list[str]
+    """Jobs whose pass stored new rollups or findings."""
+    failed: list[str]
+    skipped: list[str]
+    """Jobs whose pass ran elsewhere (another thread or replica) or waits for its retry."""
 
 
 class BackgroundAnalyzer:
@@ -34,6 +65,7 @@ class BackgroundAnalyzer:
         self._grace_s = grace_s
         self._on_findings = on_findings
         self._resources = resources
+        self._failing: dict[str, _Failing] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -50,24 +82,66 @@ class BackgroundAnalyzer:
 
     def run_once(self) -> int:
         """One pass over each active job; how many had new data."""
+        return len(self.run_round().changed)
+
+    def run_round(self) -> RoundResult:
+        """One pass over each active job that is not failing-and-waiting or analysed elsewhere."""
+        result = RoundResult(changed=[], failed=[], skipped=[])
         active = jobs.active_jobs(self._engine, seen_within_s=self._active_within_s)
-        changed = 0
+        now = time.monotonic()
         for job_id in active:
-            try:
-                result = JobAnalyzer(
-                    self._engine,
-                    job_id,
-                    grace_s=self._grace_s,
-                    on_findings=self._on_findings,
-                    resources=self._resources,
-                ).run()
-            except Exception:
-                log.exception("analysis of job %s failed", job_id)
+            failing = self._failing.get(job_id)
+            if failing is not None and now < failing.retry_at:
+                result.skipped.append(job_id)
                 continue
-            if result.rolled_up_steps or result.findings:
-                changed += 1
+            try:
+                with job_lock(self._engine, job_id) as held:
+                    if not held:
+                        result.skipped.append(job_id)
+                        continue
+                    changed = self._pass(job_id)
+            except Exception as exc:
+                result.failed.append(job_id)
+                if is_unavailable(exc):  # every other job would fail alike: wait for the next tick
+                    OUTAGES.unavailable(exc)
+                    break
+                self._failed(job_id, exc)
+                continue
+            self._failing.pop(job_id, None)
+            OUTAGES.available()
+            if changed:
+                result.changed.append(job_id)
                 self._warm(job_id)
-        return changed
+        return result
+
+    def _pass(self, job_id: str) -> bool:
+        """Run the job's pass; True when it stored new rollups or findings."""
+        result = JobAnalyzer(
+            self._engine,
+            job_id,
+            grace_s=self._grace_s,
+            on_findings=self._on_findings,
+            resources=self._resources,
+        ).run()
+        return bool(result.rolled_up_steps or result.findings)
+
+    def _failed(self, job_id: str, exc: Exception) -> None:
+        """Log the failure (a traceback the first time) and schedule the retry."""
+        failing = self._failing.get(job_id) or _Failing(num_failures=0, retry_at=0.0)
+        failing.num_failures += 1
+        delay_intervals = min(2 ** (failing.num_failures - 1) - 1, MAX_RETRY_INTERVALS)
+        failing.retry_at = time.monotonic() + delay_intervals * self._interval_s
+        self._failing[job_id] = failing
+        if failing.num_failures == 1:
+            log.exception("analysis of job %s failed; retrying at the next pass", job_id)
+        else:
+            log.warning(
+                "analysis of job %s failed again (%d times in a row): %s: %s",
+                job_id,
+                failing.num_failures,
+                type(exc).__name__,
+                exc,
+            )
 
     def _warm(self, job_id: str) -> None:
         """Compute the job's rank table now, off the request path: the dashboard and the API
@@ -79,4 +153,10 @@ class BackgroundAnalyzer:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self.run_once()
+            try:
+                self.run_round()
+            except Exception as exc:  # the thread must outlive any round
+                if is_unavailable(exc):
+                    OUTAGES.unavailable(exc)
+                else:
+                    log.exception("a round of background analysis failed")

@@ -7,6 +7,7 @@ that drop (and count) when the buffer is full, and `close()` waits at most its t
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import json
 import logging
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepscope.schema import COLLECTIVES, GPU, STEPS, WIRE_SCHEMA_VERSION
+from stepscope.schema import COLLECTIVES, DROP_REPORT_PREFIX, GPU, STEPS, WIRE_SCHEMA_VERSION
 
 from .config import Config, default_flush_interval_s
 
@@ -60,6 +61,9 @@ class ShipperStats:
     num_rows_sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     num_dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     num_retries: int = 0
+    num_retry_after: int = 0
+    """Retries scheduled no earlier than the collector's Retry-After (503 while its database
+    is unavailable, 429)."""
     num_rejected_batches: int = 0
     num_spilled_batches: int = 0
     thread_cpu_s: float = 0.0
@@ -67,9 +71,25 @@ class ShipperStats:
 
 
 class _SendError(Exception):
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        """How long the collector asked us to wait (its Retry-After), in seconds."""
+
+
+def retry_after_s(value: str | None) -> float:
+    """Seconds from a Retry-After header (delay-seconds or an HTTP date); 0 when absent."""
+    if not value:
+        return 0.0
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(when.timestamp() - time.time(), 0.0)
 
 
 class Shipper:
@@ -195,12 +215,20 @@ class Shipper:
 
     def _build_batches(self) -> None:
         while any(self._buffers.values()) or self._job_changed:
+            if self._pending and not self._full_batch_buffered():
+                # While batches wait for the collector, records wait in the buffer until they
+                # fill a batch: an outage then costs max_buffer_rows, not max_pending_batches
+                # batches of a few rows each (which would overflow into drops much sooner).
+                return
             batch = self._next_batch()
             if len(self._pending) >= self._config.max_pending_batches:
                 if not self._spill(batch):
                     self._drop(batch)
                 continue
             self._pending.append(batch)
+
+    def _full_batch_buffered(self) -> bool:
+        return any(len(b) >= self._config.max_batch_rows for b in self._buffers.values())
 
     def _next_batch(self) -> _Batch:
         limit = self._config.max_batch_rows
@@ -232,7 +260,7 @@ class Shipper:
         except _SendError as exc:
             if exc.retryable:
                 self.stats.num_retries += 1
-                self._schedule_retry(str(exc))
+                self._schedule_retry(str(exc), exc.retry_after_s)
                 return
             self._pending.popleft()
             self.stats.num_rejected_batches += 1
@@ -277,18 +305,29 @@ class Shipper:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
-            raise _SendError(f"HTTP {exc.code}: {detail}", retryable=retryable) from exc
+            raise _SendError(
+                f"HTTP {exc.code}: {detail}",
+                retryable=retryable,
+                retry_after_s=retry_after_s(exc.headers.get("Retry-After")),
+            ) from exc
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
             raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
 
-    def _schedule_retry(self, error: str) -> None:
+    def _schedule_retry(self, error: str, retry_after_s: float = 0.0) -> None:
         if self._last_error is None:
             log.warning("stepscope collector unreachable (%s); will retry", error)
         self._last_error = error
         base_s = min(self._flush_interval_s, 0.5)
         self._backoff_s = min(max(self._backoff_s * 2.0, base_s), self._config.backoff_max_s)
         # Full jitter keeps thousands of ranks from retrying in lockstep.
-        self._retry_at = time.monotonic() + random.uniform(0.5, 1.0) * self._backoff_s
+        delay_s = random.uniform(0.5, 1.0) * self._backoff_s
+        if retry_after_s > 0:
+            # Not before the collector asked (spread over a fifth more, for the same reason),
+            # nor later than our own longest pause.
+            asked_s = retry_after_s * random.uniform(1.0, 1.2)
+            delay_s = min(max(delay_s, asked_s), self._config.backoff_max_s)
+            self.stats.num_retry_after += 1
+        self._retry_at = time.monotonic() + delay_s
 
     def _drop(self, batch: _Batch) -> None:
         for kind, n in batch.counts.items():
@@ -304,7 +343,7 @@ class Shipper:
             {
                 "ts": time.time(),
                 "kind": "custom",
-                "message": f"stepscope dropped {total} records (buffer full or collector "
+                "message": f"{DROP_REPORT_PREFIX}{total} records (buffer full or collector "
                 "unreachable)",
                 "attributes": {f"dropped_{k}": n for k, n in new.items()},
             }

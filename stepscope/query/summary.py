@@ -53,6 +53,9 @@ class JobSummary:
     analysed_at: float | None
     """When the analyzer last updated the figures (epoch s)."""
     attributes: dict[str, Any] | None
+    num_records_dropped: int = 0
+    """Records the job's profilers dropped and reported (buffer full, collector unreachable):
+    the stored rows miss exactly these."""
 
 
 def job_summary(
@@ -63,8 +66,22 @@ def job_summary(
     rows = reads.read_jobs(engine, query)
     if not rows:
         raise JobNotFound(job_id)
-    row = {**rows[0], "analysed_at": rows[0]["updated_at"]}
+    row = {
+        **rows[0],
+        "analysed_at": rows[0]["updated_at"],
+        "num_records_dropped": records_dropped(engine, job_id),
+    }
     return JobSummary(**{name: row[name] for name in JobSummary.__dataclass_fields__})
+
+
+def records_dropped(engine: sa.Engine, job_id: str) -> int:
+    """How many records the job's profilers reported dropping, all kinds together."""
+    return sum(
+        int(count)
+        for report in reads.read_drop_reports(engine, job_id)
+        for key, count in report.items()
+        if key.startswith("dropped_") and isinstance(count, int)
+    )
 
 
 @dataclass(kw_only=True, slots=True)

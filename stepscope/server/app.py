@@ -16,10 +16,12 @@ from stepscope.collector.ingest import route as ingest_route
 from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
+from stepscope.server import unavailable
 from stepscope.server.auth import Authorizer, TokenCache
 from stepscope.server.openapi import build_openapi
 from stepscope.server.settings import Settings
 from stepscope.server.webhooks import WebhookSender
+from stepscope.store.availability import OUTAGES
 from stepscope.store.engine import is_sqlite, make_engine, ping
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter
@@ -28,7 +30,9 @@ from stepscope.store.writer import BatchWriter
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the embedded SQLite database is migrated on start."""
     settings = settings or Settings()
-    engine = make_engine(settings.database_url)
+    engine = make_engine(
+        settings.database_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s
+    )
     ensure_current(engine, auto_upgrade=is_sqlite(engine))
     webhooks = (
         WebhookSender(
@@ -98,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
     errors.install(app)
+    unavailable.install(app, retry_after_s=settings.retry_after_s)
     app.router.routes.append(ingest_route)
     app.router.routes.append(hangs_route)
     app.include_router(api_router)
@@ -105,10 +110,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
-        ping(engine)
+        ping(engine)  # unavailable: 503 (stepscope.server.unavailable)
+        OUTAGES.available()
         return {"status": "ok", "database": engine.dialect.name}
 
     from stepscope.dashboard import mount_dashboard
 
-    mount_dashboard(app, engine, auth=settings.auth, token_scopes=tokens.scopes)
+    mount_dashboard(
+        app,
+        engine,
+        auth=settings.auth,
+        token_scopes=tokens.scopes,
+        retry_after_s=settings.retry_after_s,
+    )
     return app

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from stepscope.store.engine import DEFAULT_DATABASE_URL
+from stepscope.store.engine import DEFAULT_DATABASE_URL, SQLITE_BUSY_TIMEOUT_S
 
 
 class Settings(BaseSettings):
@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     report a hang (3 x the profiler's heartbeat_s)."""
     hang_debounce_s: float = Field(default=0.2, ge=0)
     """At most one hang attribution per job per this many seconds while reports arrive."""
+    sqlite_busy_timeout_s: float = Field(default=SQLITE_BUSY_TIMEOUT_S, gt=0)
+    """How long a write waits for a SQLite lock held by another process before it answers 503."""
+    retry_after_s: int = Field(default=5, ge=1, le=3600)
+    """Retry-After of the 503 answered while the database is unavailable, in seconds."""
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
 

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from stepscope import __version__
 from stepscope.schema import Finding
 from stepscope.store import deliveries
+from stepscope.store.availability import OUTAGES, is_unavailable
 from stepscope.store.deliveries import Delivery
 from stepscope.text.findings import finding_line
 
@@ -134,8 +135,11 @@ class WebhookSender:
                 try:
                     self._store_offers(wait_s=self._poll_s)
                     self.deliver_due(client)
-                except Exception:  # a database hiccup must not end notifications
-                    log.exception("webhook delivery pass failed")
+                except Exception as exc:  # a database hiccup must not end notifications
+                    if is_unavailable(exc):
+                        OUTAGES.unavailable(exc)
+                    else:
+                        log.exception("webhook delivery pass failed")
                     self._stop.wait(self._poll_s)
 
     def _store_offers(self, wait_s: float) -> None:

@@ -9,6 +9,7 @@ the float32 vectors of 625 rank buckets × 1,024 ranks in 18 ms against 38 / 62 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -369,6 +370,24 @@ def analysis_version(engine: sa.Engine, job_id: str) -> float | None:
     with engine.connect() as conn:
         value = conn.execute(sa.select(t.c.updated_at).where(t.c.job_id == job_id)).scalar()
     return None if value is None else float(value)
+
+
+def read_drop_reports(engine: sa.Engine, job_id: str) -> list[dict[str, Any]]:
+    """The attributes of the job's events in which a profiler reported records it dropped."""
+    t = tables.events
+    query = sa.select(t.c.attributes).where(
+        t.c.job_id == job_id,
+        t.c.kind == "custom",
+        t.c.message.startswith(schema.DROP_REPORT_PREFIX, autoescape=True),
+    )
+    with engine.connect() as conn:
+        return [_json_object(row[0]) for row in conn.execute(query)]
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
 
 
 def read_events(engine: sa.Engine, job_id: str, limit: int) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from stepscope.store import tables
+from stepscope.store.availability import OUTAGES, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ class BatchWriter:
     """Writes validated batches from one thread, committing concurrent batches together.
 
     Each batch is still all-or-nothing: if a group's transaction fails, its batches are
-    retried one transaction each, so one bad batch cannot take others down with it.
+    retried one transaction each, so one bad batch cannot take others down with it; while
+    the database is unavailable, the whole group fails at once (its senders resend).
     """
 
     def __init__(self, engine: sa.Engine, *, max_group_rows: int = 100_000) -> None:
@@ -205,6 +207,12 @@ class BatchWriter:
         try:
             results = self._write_group(group)
         except Exception as exc:
+            if is_unavailable(exc):
+                # Down or locked: every batch would fail alike, and its sender will resend it.
+                OUTAGES.unavailable(exc)
+                for pending in group:
+                    pending.future.set_exception(exc)
+                return
             if len(group) == 1:
                 log.exception("batch of job %s could not be stored", group[0].job["job_id"])
                 group[0].future.set_exception(exc)
@@ -212,6 +220,7 @@ class BatchWriter:
             for pending in group:
                 self._commit([pending])
             return
+        OUTAGES.available()
         for pending, result in zip(group, results, strict=True):
             pending.future.set_result(result)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -203,6 +204,46 @@ def test_bad_batch_is_rejected_whole_and_leaves_nothing(
     # The seq was not consumed: the corrected batch is stored.
     assert post(server, make_batch()).json()["duplicate"] is False
     assert stored_counts(server, "job-a")["steps"] == 3
+
+
+def _nested(depth: int) -> bytes:
+    """A batch whose job attributes nest `depth` objects deep (raw: json.dumps would recurse)."""
+    head = b'{"schema":1,"job":{"job_id":"job-a","attributes":'
+    tail = b'},"source":{"rank":1,"incarnation":"inc-1"},"seq":0}'
+    return head + b'{"a":' * depth + b"1" + b"}" * depth + tail
+
+
+ABSURD: list[tuple[str, Any, str]] = [
+    ("NaN", lambda b: b["steps"]["step_s"].__setitem__(0, float("nan")), "steps.step_s[0]"),
+    ("+inf", lambda b: b["collectives"]["busy_s"].__setitem__(1, math.inf), "collectives.busy_s"),
+    ("-inf", lambda b: b["job"].__setitem__("peak_flops", -math.inf), "job.peak_flops"),
+    ("a 30-day step", lambda b: b["steps"]["step_s"].__setitem__(0, 30 * 86400.0), "steps.step_s"),
+    ("a negative time", lambda b: b["steps"]["ts"].__setitem__(0, -1.0), "steps.ts"),
+    ("a time in 2200", lambda b: b["gpu"]["ts"].__setitem__(0, 7.3e9), "gpu.ts"),
+    ("step 2**64", lambda b: b["steps"]["step"].__setitem__(0, 2**64), "steps.step"),
+    ("rank 2**70", lambda b: b["source"].__setitem__("rank", 2**70), "source.rank"),
+    ("seq 2**70", lambda b: b.__setitem__("seq", 2**70), "seq"),
+    ("NUL in a name", lambda b: b["job"].__setitem__("name", "a\x00b"), "job.name"),
+    ("NUL in a message", lambda b: b["events"][0].__setitem__("message", "\x00"), "events[0]"),
+    ("a list for a number", lambda b: b.__setitem__("seq", [1]), "seq"),
+    ("an object for a column", lambda b: b["steps"].__setitem__("ts", {"0": 1.0}), "steps.ts"),
+]
+
+
+def test_absurd_values_are_refused_naming_the_field_and_nothing_is_stored(
+    server: RunningServer,
+) -> None:
+    for name, mutate, field in ABSURD:
+        bad = make_batch()
+        mutate(bad)
+        resp = post(server, bad)
+        assert resp.status_code == 422, (name, resp.text)
+        assert field in resp.json()["detail"], (name, resp.text)
+    deep = post(server, _nested(5000))
+    assert deep.status_code == 400
+    assert "depth" in deep.json()["detail"]
+    assert set(stored_counts(server, "job-a").values()) == {0}
+    assert post(server, _nested(100)).status_code == 200  # deep, but within JSON's limit
 
 
 def test_gzip_body_is_accepted_and_corrupt_gzip_refused(server: RunningServer) -> None:

@@ -1,24 +1,37 @@
 """A pass is one unit of work: one that fails at any store call leaves the store as it was,
-and the next pass (or `analyze --full`) stores the findings a clean run stores."""
+and the next pass (or `analyze --full`) stores the findings a clean run stores; in the server,
+a job whose pass fails holds up neither ingest, the API nor the other jobs' passes, and its
+pass is retried."""
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
 
 from stepscope.analysis import AnalysisConfig
-from stepscope.pipeline.job_pass import JobAnalyzer
+from stepscope.pipeline import scheduler
+from stepscope.pipeline.job_pass import JobAnalyzer, PassResult
 from stepscope.pipeline.resources import PassResources
 from stepscope.schema import Finding
+from stepscope.server.app import create_app
+from stepscope.server.settings import Settings
 from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables
 from stepscope.store.engine import make_engine
 from stepscope.store.migrate import upgrade
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
+from stepscope.synthetic.stream import stream_job
+from tests.live_server import free_port, wait_healthy
 from tests.support import fresh_postgres_database, write_job_in_rounds
 
 # 1,200 steps of 1.5 s: the second pass outgrows 1,024 one-step rank buckets and 1,024
@@ -213,3 +226,88 @@ def test_on_postgresql_a_pass_failing_after_its_state_was_saved_loses_nothing(
             engine.dispose()
     assert after_next_pass == clean
     assert after_full == clean
+
+
+class _PoisonedAnalyzer(JobAnalyzer):
+    """The server's analyzer, failing its first POISONED_FAILURES passes over POISONED."""
+
+    failures: ClassVar[list[str]] = []
+
+    def run(self, *, full: bool = False) -> PassResult:
+        if self.job_id == POISONED and len(self.failures) < POISONED_FAILURES:
+            self.failures.append(self.job_id)
+            raise InjectedFailure(f"pass over {self.job_id}")
+        return super().run(full=full)
+
+
+POISONED, HEALTHY, POISONED_FAILURES = "poisoned", "healthy", 2
+
+
+@contextmanager
+def _server_in_process(settings: Settings) -> Iterator[str]:
+    """The real app on a loopback port, in this process (so a pass can be made to fail)."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=settings.port, log_level="error"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{settings.port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _analysed(url: str, job_id: str) -> bool:
+    with urllib.request.urlopen(f"{url}/api/v1/jobs/{job_id}", timeout=30) as response:
+        return json.loads(response.read())["analysed_at"] is not None
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_failing_pass_holds_up_neither_ingest_the_api_nor_other_jobs_and_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(scheduler, "JobAnalyzer", _PoisonedAnalyzer)
+    _PoisonedAnalyzer.failures.clear()
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'stepscope.db'}",
+        port=free_port(),
+        analyze_interval_s=0.3,
+        rollup_grace_s=0.0,
+    )
+    jobs_now = {
+        job_id: generate(
+            JobSpec(job_id=job_id, num_ranks=4, num_steps=200, start_ts=time.time() - 300, seed=1)
+        )
+        for job_id in (POISONED, HEALTHY)
+    }
+    with caplog.at_level(logging.WARNING), _server_in_process(settings) as url:
+        for job in jobs_now.values():
+            sent = stream_job(job, url, steps_per_batch=50)
+            assert sent.failures == []
+            assert sent.batches == 16
+        _wait_until(lambda: _analysed(url, HEALTHY))
+        # While the poisoned job's passes fail, the other job is analysed and ingest answers.
+        assert _PoisonedAnalyzer.failures, "the poisoned job's pass has not run yet"
+        more = generate(JobSpec(job_id="later", num_ranks=2, num_steps=20, seed=2))
+        assert stream_job(more, url, steps_per_batch=20).batches == 2
+        # Retried at the next passes, it is analysed once its failures stop.
+        _wait_until(lambda: _analysed(url, POISONED))
+        with urllib.request.urlopen(f"{url}/api/v1/jobs/{POISONED}/findings", timeout=30) as r:
+            assert r.status == 200
+    assert _PoisonedAnalyzer.failures == [POISONED] * POISONED_FAILURES
+    failed = [r for r in caplog.records if "analysis of job poisoned failed" in r.getMessage()]
+    assert [r.exc_info is not None for r in failed] == [True, False]  # one traceback, then a line
+    assert "failed again (2 times in a row)" in failed[1].getMessage()

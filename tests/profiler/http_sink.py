@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,10 @@ class Sink:
     received: list[dict[str, Any]] = field(default_factory=list)
     """Every request body (decoded), whatever the answer."""
     body_bytes: list[int] = field(default_factory=list)
+    arrived_s: list[float] = field(default_factory=list)
+    """time.monotonic() of each /v1/ingest request."""
+    retry_after: str | None = None
+    """Retry-After sent with every answer that is not 200."""
     hangs: list[dict[str, Any]] = field(default_factory=list)
     """Every /v1/hangs report (heartbeats and hangs), decoded, in arrival order."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -54,16 +59,24 @@ def http_sink() -> Iterator[Sink]:
                 self._reply(200, json.dumps({"ok": True}))
                 return
             with sink.lock:
+                sink.arrived_s.append(time.monotonic())
                 status = sink.statuses.pop(0) if sink.statuses else 200
                 body["_status"] = status
                 sink.received.append(body)
                 sink.body_bytes.append(int(self.headers["Content-Length"]))
+            headers = (
+                {"Retry-After": sink.retry_after} if status != 200 and sink.retry_after else {}
+            )
             self._reply(
-                status, json.dumps({"duplicate": False} if status == 200 else {"detail": "x"})
+                status,
+                json.dumps({"duplicate": False} if status == 200 else {"detail": "x"}),
+                headers,
             )
 
-        def _reply(self, status: int, reply: str) -> None:
+        def _reply(self, status: int, reply: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(reply)))
             self.end_headers()

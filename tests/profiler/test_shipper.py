@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.profiler.config import Config
-from stepscope.profiler.shipper import Shipper
+from stepscope.profiler.shipper import Shipper, retry_after_s
 from stepscope.schema import STEPS
 from tests.live_server import RunningServer, free_port, read_rows
 from tests.profiler.http_sink import http_sink
@@ -51,6 +51,32 @@ def test_server_errors_are_retried_with_the_same_seq_and_incarnation() -> None:
     assert {(b["source"]["incarnation"], b["seq"]) for b in sink.received} == {("inc-1", 0)}
     assert shipper.stats.num_retries == 3
     assert shipper.stats.num_rows_sent["steps"] == 1
+
+
+def test_a_503_with_retry_after_is_retried_no_sooner_than_the_collector_asked() -> None:
+    with http_sink() as sink:
+        sink.statuses, sink.retry_after = [503, 503], "1"
+        shipper = build(sink.url, backoff_max_s=5.0)
+        shipper.add("steps", step_row(3))
+        assert shipper.close(timeout_s=10)
+    assert [b["_status"] for b in sink.received] == [503, 503, 200]
+    first, second, third = sink.arrived_s
+    # The shipper's own backoff would retry within 0.05 s; the collector asked for 1 s.
+    assert second - first >= 1.0
+    assert third - second >= 1.0
+    assert shipper.stats.num_retry_after == 2
+    assert shipper.stats.num_rows_sent["steps"] == 1
+
+
+def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
+    import email.utils
+
+    assert retry_after_s("7") == 7.0
+    assert retry_after_s(None) == 0.0
+    assert retry_after_s("soon") == 0.0
+    in_20_s = email.utils.formatdate(time.time() + 20, usegmt=True)
+    assert 18.0 <= retry_after_s(in_20_s) <= 20.0
+    assert retry_after_s(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
 
 
 def test_a_rejected_batch_is_not_resent_and_is_counted_then_reported() -> None:

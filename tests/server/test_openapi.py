@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +22,16 @@ from tests.live_server import run_server
 from tests.support import fresh_postgres_database
 
 FUZZ_JOB = "fuzz-job"
-MAX_EXAMPLES = 20
-"""Per operation: bounds the run (about a minute for all operations on both engines)."""
+MAX_EXAMPLES = int(os.environ.get("STEPSCOPE_FUZZ_EXAMPLES", "20"))
+"""Per operation and token: bounds the run (about a minute for all operations on both
+engines). The deep run, STEPSCOPE_FUZZ_EXAMPLES=70, makes over 1,000 requests per token."""
 
 
 @dataclass(frozen=True, slots=True)
 class Fuzzed:
     url: str
     token: str
+    read_token: str
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -44,6 +47,7 @@ def fuzzed(
         engine = make_engine(url)
         upgrade(engine)
         token = create_token(engine, name="fuzz", scopes=["admin"])
+        read_token = create_token(engine, name="fuzz-read", scopes=["read"])
         engine.dispose()
         server = stack.enter_context(run_server(url, extra_args=["--auth"]))
         spec = JobSpec(
@@ -58,17 +62,20 @@ def fuzzed(
             f"{server.url}/api/v1/jobs/{FUZZ_JOB}/analyze", headers=headers, timeout=120
         )
         assert analyzed.status_code == 200
-        yield Fuzzed(url=server.url, token=token)
+        yield Fuzzed(url=server.url, token=token, read_token=read_token)
 
 
-def test_every_operation_answers_per_its_schema_and_never_5xx(fuzzed: Fuzzed) -> None:
+@pytest.mark.parametrize("scope", ["admin", "read"])
+def test_every_operation_answers_per_its_schema_and_never_5xx(fuzzed: Fuzzed, scope: str) -> None:
     """Schemathesis' default checks (no 5xx, documented status, content type, headers and
     body schema, invalid input rejected) on MAX_EXAMPLES generated requests per operation,
-    with an admin token. Not positive_data_acceptance: some schema-valid values are rightly
-    refused with a 422 naming them (a cursor this server did not make, agg for a job-level
-    metric, a rank the job has not seen)."""
+    with an admin token and with a read token (403s where more is needed). Not
+    positive_data_acceptance: some schema-valid values are rightly refused with a 422 naming
+    them (a cursor this server did not make, agg for a job-level metric, a rank the job has
+    not seen), or a 403 for the read token."""
     api = schemathesis.openapi.from_url(f"{fuzzed.url}/openapi.json")
-    headers = {"Authorization": f"Bearer {fuzzed.token}"}
+    token = fuzzed.token if scope == "admin" else fuzzed.read_token
+    headers = {"Authorization": f"Bearer {token}"}
     operations = [result.ok() for result in api.get_all_operations()]
     assert len(operations) == 17  # 16 and /healthz
 
