@@ -91,8 +91,9 @@ _P2P = frozenset({"send", "recv"})
 _MAX_PENDING = 4096
 """Functional collectives whose wait_tensor is still to come; beyond it the oldest go."""
 _MAX_PENDING_WORK = 256
-"""Works whose wait is still to come. Held strongly (a weak map costs ~1 µs a call), so a
-work its caller drops without waiting stays until 256 newer ones push it out."""
+"""Works looked at (observe()) whose wait is still to come. Held strongly (a weak map costs
+~1 µs a call), so a work its caller drops without waiting stays until 256 newer ones push it
+out."""
 
 _Tensor = torch.Tensor
 _installed: CollectiveTap | None = None
@@ -237,16 +238,15 @@ class CollectiveTap:
                     if work is None:
                         call.end = tap._mark()
                         return work
-                    pending = tap._pending_work
-                    if len(pending) >= _MAX_PENDING_WORK:
-                        pending.pop(next(iter(pending)))
-                    pending[work] = call  # for its wait, which stamps the completion
                     if tap._on_cpu:
                         # No callback (~5 µs): most work is waited at once (synchronous
-                        # calls always). The next collective, section or step looks at it.
+                        # calls always), and its wait stamps its end. The next collective,
+                        # section or step looks at work still unwaited (observe()).
                         tap.unobserved.append((work, call))
-                    elif not args or getattr(args[-1], "asyncOp", True) is not False:
-                        tap._arm(call, work)
+                    else:
+                        tap._hold(work, call)
+                        if not args or getattr(args[-1], "asyncOp", True) is not False:
+                            tap._arm(call, work)
                 except Exception as exc:
                     tap._fail(exc)
             return work
@@ -297,14 +297,22 @@ class CollectiveTap:
             return
         future.add_done_callback(functools.partial(_completed, self._clock, call))
 
-    def observe(self, waited: Any = None) -> None:
-        """Look at the works issued since the last look: completed ones end now; those still
-        in flight get a completion callback (their transfer overlaps the caller's own work),
-        but `waited`, whose wait is about to stamp its end."""
+    def _hold(self, work: Any, call: CollectiveCall) -> None:
+        """Keep the call of a work whose wait is still to come (the oldest go past a bound)."""
+        pending = self._pending_work
+        if len(pending) >= _MAX_PENDING_WORK:
+            pending.pop(next(iter(pending)))
+        pending[work] = call
+
+    def observe(self) -> None:
+        """Look at the works issued and not waited since the last look: completed ones end
+        now; those still in flight get a completion callback (their transfer overlaps the
+        caller's own work)."""
         unobserved, self.unobserved = self.unobserved, []
         try:
             for work, call in unobserved:
-                if work is waited or call.end is not None:
+                self._hold(work, call)
+                if call.end is not None:
                     continue
                 if work.is_completed():
                     call.end = self._mark()
@@ -321,13 +329,19 @@ class CollectiveTap:
             if not tap.enabled:
                 return original(work, *args, **kwargs)
             try:
-                call = tap._pending_work.pop(work, None)
+                call = None
                 unobserved = tap.unobserved
-                if call is not None and unobserved:
-                    if len(unobserved) == 1 and unobserved[0][0] is work:
-                        unobserved.clear()  # issued, then waited: the usual case
+                if unobserved:
+                    if unobserved[-1][0] is work:  # issued, then waited: the usual case
+                        call = unobserved.pop()[1]
                     else:
-                        tap.observe(waited=work)
+                        for index, (issued, issued_call) in enumerate(unobserved):
+                            if issued is work:
+                                call = issued_call
+                                del unobserved[index]
+                                break
+                if call is None and tap._pending_work:
+                    call = tap._pending_work.pop(work, None)
             except Exception as exc:
                 tap._fail(exc)
                 call = None
@@ -356,7 +370,9 @@ class CollectiveTap:
                     call.waits.append((start, end))
                 if call.end is None:
                     call.end = end
-                    _completed_seq(call)
+                    seq = call.seq
+                    if seq is not None and seq > call.group.completed_seq:
+                        call.group.completed_seq = seq
                 elif self._on_cpu and start <= call.end < end:
                     # Completed while this thread sat in the wait: it was busy until the
                     # thread resumed (the backend's thread stamped it earlier).
