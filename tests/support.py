@@ -98,3 +98,14 @@ def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> 
             yield i
     finally:
         writer.close()
+
+
+PROMETHEUS = os.environ.get("STEPSCOPE_TEST_PROMETHEUS", "/usr/bin/prometheus")
+
+
+def require_prometheus() -> str:
+    """Debian's prometheus binary (`.ci/run` installs it)."""
+    path = PROMETHEUS if Path(PROMETHEUS).exists() else shutil.which("prometheus")
+    require(path is not None, "a Prometheus server (apt-get install prometheus)")
+    assert path is not None
+    return path

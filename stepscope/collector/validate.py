@@ -71,6 +71,15 @@ class Batch:
 
 def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) -> Any:
     """JSON value of a (possibly gzip-encoded) body, refusing bodies that inflate past max_bytes."""
+    body = inflate(body, content_encoding=content_encoding, max_bytes=max_bytes)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+
+
+def inflate(body: bytes, *, content_encoding: str | None, max_bytes: int) -> bytes:
+    """The body without its gzip Content-Encoding; 413 past `max_bytes` inflated."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "gzip":
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
@@ -82,10 +91,7 @@ def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) ->
             raise BatchError(f"decompressed body exceeds {max_bytes} bytes", status=413)
     elif encoding != "identity":
         raise BatchError(f"unsupported Content-Encoding {encoding!r} (use gzip)", status=415)
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+    return body
 
 
 def _check_scalar(where: str, value: Any, dtype: schema.Dtype, *, required: bool) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -13,6 +15,9 @@ from stepscope.pipeline.resources import PassResources
 from stepscope.store import jobs
 
 log = logging.getLogger(__name__)
+
+PassHook = Callable[[float, BaseException | None], None]
+"""Told each job pass's duration in seconds and its error (None when it succeeded)."""
 
 
 class BackgroundAnalyzer:
@@ -27,8 +32,10 @@ class BackgroundAnalyzer:
         grace_s: float = 30.0,
         resources: PassResources,
         on_findings: FindingsHook | None = None,
+        on_pass: PassHook | None = None,
     ) -> None:
         self._engine = engine
+        self._on_pass = on_pass
         self._interval_s = interval_s
         self._active_within_s = active_within_s
         self._grace_s = grace_s
@@ -53,6 +60,7 @@ class BackgroundAnalyzer:
         active = jobs.active_jobs(self._engine, seen_within_s=self._active_within_s)
         changed = 0
         for job_id in active:
+            start = time.perf_counter()
             try:
                 result = JobAnalyzer(
                     self._engine,
@@ -61,13 +69,19 @@ class BackgroundAnalyzer:
                     on_findings=self._on_findings,
                     resources=self._resources,
                 ).run()
-            except Exception:
+            except Exception as exc:
                 log.exception("analysis of job %s failed", job_id)
+                self._told(time.perf_counter() - start, exc)
                 continue
+            self._told(time.perf_counter() - start, None)
             if result.rolled_up_steps or result.findings:
                 changed += 1
                 self._warm(job_id)
         return changed
+
+    def _told(self, duration_s: float, error: BaseException | None) -> None:
+        if self._on_pass is not None:
+            self._on_pass(duration_s, error)
 
     def _warm(self, job_id: str) -> None:
         """Compute the job's rank table now, off the request path: the dashboard and the API

@@ -17,6 +17,8 @@ from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.server.auth import Authorizer, TokenCache
+from stepscope.server.metrics import RequestMetrics, build_metrics
+from stepscope.server.metrics import route as metrics_route
 from stepscope.server.openapi import build_openapi
 from stepscope.server.settings import Settings
 from stepscope.server.webhooks import WebhookSender
@@ -30,6 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     ensure_current(engine, auto_upgrade=is_sqlite(engine))
+    metrics = build_metrics(engine, seen_within_s=settings.active_within_s)
     webhooks = (
         WebhookSender(
             engine,
@@ -37,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             secret=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
             timeout_s=settings.webhook_timeout_s,
             max_attempts=settings.webhook_max_attempts,
+            on_attempt=metrics.webhook_attempt,
         )
         if settings.webhook_urls
         else None
@@ -50,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         grace_s=settings.rollup_grace_s,
         resources=resources,
         on_findings=on_findings,
+        on_pass=metrics.analyzer_pass,
     )
     writer = BatchWriter(engine)
     hang_monitor = HangMonitor(
@@ -86,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.writer = writer
     app.state.hang_monitor = hang_monitor
+    app.state.metrics = metrics
     app.state.pass_resources = resources
     tokens = TokenCache(engine)
     app.state.authorize = Authorizer(tokens, auth=settings.auth)
@@ -97,7 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
+    app.add_middleware(RequestMetrics, metrics=metrics)
     errors.install(app)
+    app.router.routes.append(metrics_route)
     app.router.routes.append(ingest_route)
     app.router.routes.append(hangs_route)
     app.include_router(api_router)

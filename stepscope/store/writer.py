@@ -107,6 +107,19 @@ _UPSERT_RANK = sa.text(
     "mesh = COALESCE(excluded.mesh, ranks.mesh), last_seen = excluded.last_seen"
 ).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
 """A rank's mesh is the latest one it sent (a batch without one keeps it)."""
+_INSERT_JOB = sa.text(
+    "INSERT INTO jobs (job_id, status, started_at, "
+    + ", ".join(_MUTABLE_JOB_COLUMNS)
+    + ") VALUES (:job_id, COALESCE(:status, 'running'), :started_at, "
+    + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
+    + ") ON CONFLICT (job_id) DO NOTHING"
+).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+_INSERT_RANK = sa.text(
+    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, first_seen, "
+    "last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :mesh, :now, :now) "
+    "ON CONFLICT (job_id, rank) DO NOTHING"
+).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
+"""Relayed rows (attach=True) name a job and rank without speaking for them."""
 
 
 @dataclass(slots=True)
@@ -115,6 +128,10 @@ class _Pending:
     source: dict[str, Any]
     seq: int
     sections: dict[str, dict[str, list[Any]]]
+    attach: bool = False
+    """Rows relayed for a rank (OTLP): the job and rank rows are created if new, never changed."""
+    metrics: dict[str, list[Any]] | None = None
+    """Generic metric points (tables.otlp_metrics columns), stored with the batch."""
     future: Future[WriteResult] = field(default_factory=Future)
 
     @property
@@ -167,9 +184,13 @@ class BatchWriter:
         source: dict[str, Any],
         seq: int,
         sections: dict[str, dict[str, list[Any]]],
+        attach: bool = False,
+        metrics: dict[str, list[Any]] | None = None,
     ) -> Future[WriteResult]:
         """Queue a batch; the future resolves once it is committed (or found duplicate)."""
-        pending = _Pending(job=job, source=source, seq=seq, sections=sections)
+        pending = _Pending(
+            job=job, source=source, seq=seq, sections=sections, attach=attach, metrics=metrics
+        )
         self._queue.put(pending)
         return pending.future
 
@@ -233,12 +254,21 @@ class BatchWriter:
                 results.append(WriteResult(accepted=counts, duplicate=True))
             if not fresh:
                 return results
-            conn.execute(_UPSERT_JOB, _job_params(fresh, now))
-            conn.execute(_UPSERT_RANK, _rank_params(fresh, now))
+            native = [p for p in fresh if not p.attach]
+            if native:
+                conn.execute(_UPSERT_JOB, _job_params(native, now))
+                conn.execute(_UPSERT_RANK, _rank_params(native, now))
+            attached = [p for p in fresh if p.attach]
+            if attached:
+                conn.execute(_INSERT_JOB, _job_params(attached, now))
+                conn.execute(_INSERT_RANK, _rank_params(attached, now))
             for name, table in tables.RECORD_TABLES.items():
                 merged = _concat([p.sections[name] for p in fresh if name in p.sections])
                 if merged:
                     insert_ignoring_duplicates(conn, table, merged)
+            points = _concat([p.metrics for p in fresh if p.metrics])
+            if points:
+                insert_ignoring_duplicates(conn, tables.otlp_metrics, points)
             filled = _filled_columns(fresh)
             if filled:
                 conn.execute(_RECORD_FILLED, filled)
