@@ -13,6 +13,7 @@ from stepscope.api import errors
 from stepscope.api.routes import router as api_router
 from stepscope.collector.hangs import route as hangs_route
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.collector.otlp import route as otlp_route
 from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.router.routes.append(metrics_route)
     app.router.routes.append(ingest_route)
+    app.router.routes.append(otlp_route)
     app.router.routes.append(hangs_route)
     app.include_router(api_router)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

@@ -90,3 +90,18 @@ def _loaded(evidence: Any) -> dict[str, Any]:
         loaded = json.loads(evidence)
         return loaded if isinstance(loaded, dict) else {}
     return evidence if isinstance(evidence, dict) else {}
+
+
+def ranks_on_nodes(
+    engine: sa.Engine, nodes: set[str], *, job_id: str | None, seen_within_s: float
+) -> list[tuple[str, int, int | None, str]]:
+    """(job_id, rank, local_rank, node) of the ranks that reported from `nodes`: of `job_id`,
+    or of every job seen in the last `seen_within_s` seconds."""
+    r = tables.ranks
+    query = sa.select(r.c.job_id, r.c.rank, r.c.local_rank, r.c.node).where(r.c.node.in_(nodes))
+    if job_id is not None:
+        query = query.where(r.c.job_id == job_id)
+    else:
+        query = query.where(r.c.last_seen >= time.time() - seen_within_s)
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(query)]
