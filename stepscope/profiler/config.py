@@ -115,6 +115,11 @@ class Config:
     thread holds the GIL and the watchdog cannot run; `stepscope run` sets it and ships
     them. None: no such files."""
 
+    otlp_endpoint: str | None = None
+    """Also export per-step metrics (step time, data and comm-wait shares, tokens/s, MFU, GPU
+    telemetry) through the OpenTelemetry SDK to this OTLP/HTTP metrics URL, e.g.
+    http://otel-collector:4318/v1/metrics. Needs `pip install 'stepscope[otel]'`. None: off."""
+
     def __post_init__(self) -> None:
         for name in (
             "flush_interval_s",
