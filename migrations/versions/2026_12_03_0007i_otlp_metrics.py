@@ -1,4 +1,4 @@
-"""otlp_metrics: OTLP points other than GPU telemetry, per job and rank (#25)
+"""otlp_metrics: OTLP points other than GPU telemetry, per job and rank; ranks.attributes (#25)
 
 Revision ID: 0007i
 Revises: 0006
@@ -40,7 +40,18 @@ def upgrade() -> None:
         sa.Column("bucket_counts", sa.JSON(), nullable=True),
         sa.PrimaryKeyConstraint("job_id", "rank", "name", "series", "ts", name="pk_otlp_metrics"),
     )
+    with op.batch_alter_table("ranks") as batch:
+        batch.add_column(
+            sa.Column(
+                "attributes",
+                sa.JSON(),
+                nullable=True,
+                comment="where the rank ran: scheduler names (k8s.pod.name, slurm...), gpu.uuid",
+            )
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("ranks") as batch:
+        batch.drop_column("attributes")
     op.drop_table("otlp_metrics")

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
+import threading
+import time
 from dataclasses import dataclass
 
+import sqlalchemy as sa
 from fastapi import HTTPException, Request
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -63,19 +67,48 @@ class Sorted:
     message: str
 
 
-def _lookup(request: Request) -> otlp_points.NodeLookup:
-    engine = request.app.state.engine
-    seen_within_s = request.app.state.settings.active_within_s
+class RankDirectory:
+    """The names live ranks reported (node, pod, host) → those ranks; re-read every `ttl_s`."""
 
-    def lookup(hosts: set[str], job_id: str | None) -> dict[str, list[RankOnNode]]:
-        found: dict[str, list[RankOnNode]] = {}
-        for job, rank, local_rank, node in jobs.ranks_on_nodes(
-            engine, hosts, job_id=job_id, seen_within_s=seen_within_s
-        ):
-            found.setdefault(node, []).append(RankOnNode(job, rank, local_rank))
-        return found
+    def __init__(self, engine: sa.Engine, *, seen_within_s: float, ttl_s: float = 5.0) -> None:
+        self._engine = engine
+        self._seen_within_s = seen_within_s
+        self._ttl_s = ttl_s
+        self._read_at = -math.inf
+        self._read_wall = -math.inf
+        self._by_name: dict[str, list[RankOnNode]] = {}
+        self._lock = threading.Lock()
 
-    return lookup
+    def _names(self, *, missed: bool = False) -> dict[str, list[RankOnNode]]:
+        with self._lock:
+            stale = time.monotonic() - self._read_at > self._ttl_s
+            if not stale and missed:  # a name not known yet: has a rank appeared since?
+                newest = jobs.newest_rank_seen(self._engine)
+                # (less a second: a rank is stamped before its transaction commits)
+                stale = newest is not None and newest >= self._read_wall - 1.0
+            if stale:
+                self._read_wall = time.time()
+                by_name: dict[str, list[RankOnNode]] = {}
+                for row in jobs.live_rank_names(self._engine, seen_within_s=self._seen_within_s):
+                    rank = RankOnNode(row["job_id"], row["rank"], row["local_rank"])
+                    names = {row["node"]} | {
+                        row["attributes"].get(k) for k in otlp_points.RANK_NAME_KEYS
+                    }
+                    for name in names - {None, ""}:
+                        by_name.setdefault(str(name), []).append(rank)
+                self._by_name, self._read_at = by_name, time.monotonic()
+            return self._by_name
+
+    def lookup(self, hosts: set[str], job_id: str | None) -> dict[str, list[RankOnNode]]:
+        """Each of `hosts` → the live ranks (of `job_id`, if given) that reported it."""
+        by_name = self._names()
+        if not hosts <= by_name.keys():
+            by_name = self._names(missed=True)
+        found = {
+            host: [r for r in by_name.get(host, []) if job_id is None or r.job_id == job_id]
+            for host in hosts
+        }
+        return {host: ranks for host, ranks in found.items() if ranks}
 
 
 def sort_points(
@@ -156,7 +189,8 @@ async def receive_metrics(request: Request) -> Response:
         message = await run_in_threadpool(decode_request, raw, content_type)
     except BatchError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
-    sorted_points = await run_in_threadpool(sort_points, message, raw, _lookup(request))
+    directory: RankDirectory = request.app.state.otlp_ranks
+    sorted_points = await run_in_threadpool(sort_points, message, raw, directory.lookup)
     writer: BatchWriter = request.app.state.writer
     futures = [
         asyncio.wrap_future(writer.submit(attach=True, **batch))  # type: ignore[arg-type]

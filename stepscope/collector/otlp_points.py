@@ -49,7 +49,10 @@ _INT_COLUMNS = frozenset({"mem_used_bytes", "mem_total_bytes", "throttle_reasons
 JOB_KEYS = ("stepscope.job_id", "job.id")
 RANK_KEYS = ("stepscope.rank", "rank")
 HOST_KEYS = ("k8s.pod.name", "host.name", "k8s.node.name", "Hostname")
-"""Attributes that name where a point came from, tried in this order against ranks' nodes."""
+"""Attributes that name where a point came from, tried in this order against the names the
+ranks reported (their node, pod and host names)."""
+RANK_NAME_KEYS = ("k8s.pod.name", "host.name", "k8s.node.name")
+"""A rank's attributes that name where it ran, besides its node."""
 GPU_INDEX_KEYS = ("gpu_index", "gpu", "hw.gpu.index")
 _PLACEMENT_KEYS = frozenset({*JOB_KEYS, *RANK_KEYS})
 
@@ -190,7 +193,7 @@ def place(
     for a non-GPU point, its lowest rank).
     """
     placed: dict[tuple[str, int], list[Point]] = {}
-    pending: list[tuple[Point, str | None, str]] = []
+    pending: list[tuple[Point, str | None, list[str]]] = []
     unplaced: list[Point] = []
     for point in points:
         job_id = first(point.attributes, JOB_KEYS)
@@ -199,17 +202,19 @@ def place(
         if job_id is not None and rank is not None:
             placed.setdefault((job_id, rank), []).append(point)
             continue
-        host = first(point.attributes, HOST_KEYS)
-        if host is None:
-            unplaced.append(point)
+        hosts = [str(point.attributes[k]) for k in HOST_KEYS if point.attributes.get(k)]
+        if hosts:
+            pending.append((point, job_id, hosts))
         else:
-            pending.append((point, job_id, str(host)))
+            unplaced.append(point)
     by_job: dict[str | None, set[str]] = {}
-    for _point, job_id, host in pending:
-        by_job.setdefault(job_id, set()).add(host)
+    for _point, job_id, hosts in pending:
+        by_job.setdefault(job_id, set()).update(hosts)
     ranks = {job_id: lookup(hosts, job_id) for job_id, hosts in by_job.items()}
-    for point, job_id, host in pending:
-        chosen = _rank_on_host(ranks[job_id].get(host, []), point)
+    for point, job_id, hosts in pending:
+        # The first name that some rank reported from places the point.
+        on_host = next((ranks[job_id][h] for h in hosts if h in ranks[job_id]), [])
+        chosen = _rank_on_host(on_host, point)
         if chosen is None:
             unplaced.append(point)
         else:

@@ -233,6 +233,7 @@ class ActiveProfiler(Profiler):
             "torch_version": torch.__version__,
             "python_version": platform.python_version(),
         }
+        attributes.update(env.job_attributes)
         attributes.update(config.attributes)
         job = {
             "job_id": job_id,
@@ -249,6 +250,7 @@ class ActiveProfiler(Profiler):
             "node": env.node,
             "pid": env.pid,
             "incarnation": self.incarnation,
+            "attributes": dict(env.rank_attributes) or None,
         }
         self._otlp = (
             build_otlp_metrics(
@@ -603,6 +605,11 @@ class ActiveProfiler(Profiler):
                 emit=functools.partial(self.shipper.add, "gpu"),
             )
             if sampler is not None:
+                uuid = sampler.uuid()
+                if uuid is not None:
+                    # The GPU's identity rides with the rank, like its node (DESIGN §8).
+                    attributes = {**self.env.rank_attributes, "gpu.uuid": uuid}
+                    self.shipper.update_source(attributes=attributes)
                 sampler.start()
             return sampler
         except Exception:

@@ -13,6 +13,7 @@ from stepscope.api import errors
 from stepscope.api.routes import router as api_router
 from stepscope.collector.hangs import route as hangs_route
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.collector.otlp import RankDirectory
 from stepscope.collector.otlp import route as otlp_route
 from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.resources import PassResources
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.writer = writer
     app.state.hang_monitor = hang_monitor
     app.state.metrics = metrics
+    app.state.otlp_ranks = RankDirectory(engine, seen_within_s=settings.active_within_s)
     app.state.pass_resources = resources
     tokens = TokenCache(engine)
     app.state.authorize = Authorizer(tokens, auth=settings.auth)

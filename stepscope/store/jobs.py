@@ -92,16 +92,21 @@ def _loaded(evidence: Any) -> dict[str, Any]:
     return evidence if isinstance(evidence, dict) else {}
 
 
-def ranks_on_nodes(
-    engine: sa.Engine, nodes: set[str], *, job_id: str | None, seen_within_s: float
-) -> list[tuple[str, int, int | None, str]]:
-    """(job_id, rank, local_rank, node) of the ranks that reported from `nodes`: of `job_id`,
-    or of every job seen in the last `seen_within_s` seconds."""
+def live_rank_names(engine: sa.Engine, *, seen_within_s: float) -> list[dict[str, Any]]:
+    """job_id, rank, local_rank, node and attributes of each rank seen in the last
+    `seen_within_s` seconds (attributes decoded)."""
     r = tables.ranks
-    query = sa.select(r.c.job_id, r.c.rank, r.c.local_rank, r.c.node).where(r.c.node.in_(nodes))
-    if job_id is not None:
-        query = query.where(r.c.job_id == job_id)
-    else:
-        query = query.where(r.c.last_seen >= time.time() - seen_within_s)
+    query = sa.select(r.c.job_id, r.c.rank, r.c.local_rank, r.c.node, r.c.attributes).where(
+        r.c.last_seen >= time.time() - seen_within_s
+    )
     with engine.connect() as conn:
-        return [tuple(row) for row in conn.execute(query)]
+        rows = [dict(row) for row in conn.execute(query).mappings()]
+    for row in rows:
+        row["attributes"] = _loaded(row["attributes"]) if row["attributes"] is not None else {}
+    return rows
+
+
+def newest_rank_seen(engine: sa.Engine) -> float | None:
+    """When the most recently appeared rank of any job was first seen."""
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.max(tables.ranks.c.first_seen))).scalar()

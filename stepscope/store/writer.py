@@ -99,14 +99,23 @@ _UPSERT_JOB = sa.text(
     + ") ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
     + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
 ).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+_INSERT_RANK_VALUES = (
+    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, attributes, "
+    "first_seen, last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, "
+    ":mesh, :attributes, :now, :now) "
+)
+_RANK_JSON = (
+    sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)),
+    sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)),
+)
 _UPSERT_RANK = sa.text(
-    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, first_seen, "
-    "last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :mesh, :now, :now) "
-    "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
+    _INSERT_RANK_VALUES
+    + "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
     "node = excluded.node, pid = excluded.pid, incarnation = excluded.incarnation, "
-    "mesh = COALESCE(excluded.mesh, ranks.mesh), last_seen = excluded.last_seen"
-).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
-"""A rank's mesh is the latest one it sent (a batch without one keeps it)."""
+    "mesh = COALESCE(excluded.mesh, ranks.mesh), "
+    "attributes = COALESCE(excluded.attributes, ranks.attributes), last_seen = excluded.last_seen"
+).bindparams(*_RANK_JSON)
+"""A rank's mesh and attributes are the latest it sent (a batch without them keeps them)."""
 _INSERT_JOB = sa.text(
     "INSERT INTO jobs (job_id, status, started_at, "
     + ", ".join(_MUTABLE_JOB_COLUMNS)
@@ -114,11 +123,9 @@ _INSERT_JOB = sa.text(
     + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
     + ") ON CONFLICT (job_id) DO NOTHING"
 ).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
-_INSERT_RANK = sa.text(
-    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, first_seen, "
-    "last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :mesh, :now, :now) "
-    "ON CONFLICT (job_id, rank) DO NOTHING"
-).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
+_INSERT_RANK = sa.text(_INSERT_RANK_VALUES + "ON CONFLICT (job_id, rank) DO NOTHING").bindparams(
+    *_RANK_JSON
+)
 """Relayed rows (attach=True) name a job and rank without speaking for them."""
 
 
@@ -339,6 +346,7 @@ def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
         key = (p.job["job_id"], p.source["rank"])
         earlier = by_rank.get(key)
         mesh = p.source.get("mesh")
+        attributes = p.source.get("attributes")
         by_rank[key] = {
             "job_id": p.job["job_id"],
             "rank": p.source["rank"],
@@ -347,6 +355,9 @@ def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
             "pid": p.source.get("pid"),
             "incarnation": p.source["incarnation"],
             "mesh": mesh if mesh is not None or earlier is None else earlier["mesh"],
+            "attributes": attributes
+            if attributes is not None or earlier is None
+            else earlier["attributes"],
             "now": now,
         }
     return list(by_rank.values())
