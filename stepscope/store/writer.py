@@ -91,14 +91,19 @@ _STORED_COUNTS = sa.text(
     "SELECT num_steps, num_collectives, num_gpu, num_events FROM ingest_batches "
     "WHERE job_id = :job_id AND rank = :rank AND incarnation = :incarnation AND seq = :seq"
 )
-_UPSERT_JOB = sa.text(
+_INSERT_JOB_VALUES = (
     "INSERT INTO jobs (job_id, status, started_at, "
     + ", ".join(_MUTABLE_JOB_COLUMNS)
     + ") VALUES (:job_id, COALESCE(:status, 'running'), :started_at, "
     + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
-    + ") ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
+    + ") "
+)
+_JOB_JSON = sa.bindparam("attributes", type_=sa.JSON(none_as_null=True))
+_UPSERT_JOB = sa.text(
+    _INSERT_JOB_VALUES
+    + "ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
     + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
-).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+).bindparams(_JOB_JSON)
 _INSERT_RANK_VALUES = (
     "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, attributes, "
     "first_seen, last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, "
@@ -116,13 +121,7 @@ _UPSERT_RANK = sa.text(
     "attributes = COALESCE(excluded.attributes, ranks.attributes), last_seen = excluded.last_seen"
 ).bindparams(*_RANK_JSON)
 """A rank's mesh and attributes are the latest it sent (a batch without them keeps them)."""
-_INSERT_JOB = sa.text(
-    "INSERT INTO jobs (job_id, status, started_at, "
-    + ", ".join(_MUTABLE_JOB_COLUMNS)
-    + ") VALUES (:job_id, COALESCE(:status, 'running'), :started_at, "
-    + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
-    + ") ON CONFLICT (job_id) DO NOTHING"
-).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+_INSERT_JOB = sa.text(_INSERT_JOB_VALUES + "ON CONFLICT (job_id) DO NOTHING").bindparams(_JOB_JSON)
 _INSERT_RANK = sa.text(_INSERT_RANK_VALUES + "ON CONFLICT (job_id, rank) DO NOTHING").bindparams(
     *_RANK_JSON
 )

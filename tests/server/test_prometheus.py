@@ -11,12 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stepscope.store.engine import make_engine
-from stepscope.store.migrate import upgrade
-from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
-from tests.live_server import RunningServer, free_port, run_server
+from tests.live_server import RunningServer, database_with_tokens, free_port, run_server, stop
 from tests.support import require_prometheus
 
 JOB = "prom-live"
@@ -82,8 +79,7 @@ def _start_prometheus(
     try:
         _wait_ready(url, proc)
     except Exception:
-        proc.kill()
-        proc.wait()
+        stop(proc, timeout_s=0)
         raise
     return proc, url
 
@@ -94,10 +90,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     binary = require_prometheus()
     tmp = tmp_path_factory.mktemp("prom")
     url = f"sqlite:///{tmp / 'stepscope.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    tokens = {s: create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
-    engine.dispose()
+    tokens = database_with_tokens(url, ("read", "ingest"))
     with run_server(url, extra_args=["--auth"]) as server:
         job = generate(JobSpec(job_id=JOB, num_ranks=NUM_RANKS, num_steps=NUM_STEPS))
         stats = stream_job(job, server.url, token=tokens["ingest"], steps_per_batch=STEPS_PER_BATCH)
@@ -115,12 +108,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         try:
             yield Scraped(server=server, tokens=tokens, prometheus_url=prom_url)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def _query(scraped: Scraped, promql: str, timeout_s: float = 30.0) -> dict[str, float]:
