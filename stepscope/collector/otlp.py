@@ -13,7 +13,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from fastapi import HTTPException, Request
 from google.protobuf import json_format
@@ -46,13 +48,41 @@ def decode_request(body: bytes, content_type: str) -> ExportMetricsServiceReques
         if content_type == PROTOBUF:
             request.ParseFromString(body)
         else:
-            json_format.Parse(body, request, ignore_unknown_fields=True)
-    except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+            doc = orjson.loads(body)
+            _drop_exemplars(doc)
+            json_format.ParseDict(doc, request, ignore_unknown_fields=True)
+    except (
+        DecodeError,
+        json_format.ParseError,
+        orjson.JSONDecodeError,
+        UnicodeDecodeError,
+        ValueError,
+        TypeError,
+        AttributeError,
+    ) as exc:
         kind = "protobuf" if content_type == PROTOBUF else "OTLP JSON"
         raise BatchError(
             f"body is not a valid {kind} ExportMetricsServiceRequest: {exc}", status=400
         ) from exc
     return request
+
+
+def _drop_exemplars(doc: Any) -> None:
+    """Remove data points' exemplars, which are not stored: OTLP JSON writes their trace and
+    span ids in hex, where protobuf's JSON mapping expects base64."""
+    if not isinstance(doc, dict):
+        return
+    for resource in doc.get("resourceMetrics") or []:
+        for scope in (resource or {}).get("scopeMetrics") or []:
+            for metric in (scope or {}).get("metrics") or []:
+                for kind in _DATA_KINDS:
+                    data = (metric or {}).get(kind)
+                    for point in (data or {}).get("dataPoints") or []:
+                        if isinstance(point, dict):
+                            point.pop("exemplars", None)
+
+
+_DATA_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
 
 @dataclass(slots=True)
@@ -155,7 +185,7 @@ def sort_points(
             f"{flat.num_unsupported} point(s) of exponential histograms or summaries are not stored"
         )
     if num_nonfinite:
-        problems.append(f"{num_nonfinite} point(s) with a NaN or infinite value")
+        problems.append(f"{num_nonfinite} point(s) without a time or with a NaN or infinite value")
     return Sorted(
         batches=batches,
         num_gpu=num_gpu,

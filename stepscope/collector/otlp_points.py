@@ -320,5 +320,8 @@ def metric_rows(job_id: str, rank: int, points: list[Point]) -> dict[str, list[A
 
 
 def is_finite(point: Point) -> bool:
-    """False for a NaN or infinite value (the store keeps finite numbers only)."""
-    return all(v is None or math.isfinite(v) for v in (point.value, point.minimum, point.maximum))
+    """False for a point without a time, or with a NaN or infinite value (the store keeps
+    finite numbers only)."""
+    return point.ts > 0 and all(
+        v is None or math.isfinite(v) for v in (point.value, point.minimum, point.maximum)
+    )

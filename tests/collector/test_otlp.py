@@ -268,3 +268,60 @@ def test_a_resent_export_is_stored_once(server: RunningServer) -> None:
         assert response.status_code == 200
     assert len(read_rows(server.db_url, "otlp_metrics", "otel-resend")) == 3
     assert len(read_rows(server.db_url, "ingest_batches", "otel-resend")) == 1
+
+
+def test_spec_json_with_hex_exemplar_ids_is_stored_and_a_timeless_point_is_rejected(
+    server: RunningServer,
+) -> None:
+    def point(value: str, **extra: Any) -> dict[str, Any]:
+        return {"asInt": value, "attributes": [], **extra}
+
+    exemplar = {
+        "timeUnixNano": "1800000000000000000",
+        "asDouble": 1.5,
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+    }
+    doc = {
+        "resourceMetrics": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": "job.id", "value": {"stringValue": "otel-spec-json"}},
+                        {"key": "rank", "value": {"intValue": "2"}},
+                    ]
+                },
+                "scopeMetrics": [
+                    {
+                        "metrics": [
+                            {
+                                "name": "queue.depth",
+                                "unit": "{item}",
+                                "gauge": {
+                                    "dataPoints": [
+                                        point(
+                                            "7",
+                                            timeUnixNano="1800000000000000000",
+                                            exemplars=[exemplar],
+                                        ),
+                                        point("9"),  # no time: rejected, counted
+                                    ]
+                                },
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    response = httpx.post(
+        f"{server.url}/v1/metrics",
+        content=orjson.dumps(doc),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedDataPoints"] == "1"  # int64 as a string, as OTLP JSON writes it
+    assert "without a time" in partial["errorMessage"]
+    [row] = read_rows(server.db_url, "otlp_metrics", "otel-spec-json")
+    assert (row["rank"], row["name"], row["value"], row["ts"]) == (2, "queue.depth", 7.0, 1.8e9)

@@ -11,6 +11,15 @@ import stepscope
 from tests.live_server import RunningServer, read_rows
 
 NUM_STEPS, TOKENS = 12, 512
+GPU_SAMPLE = {
+    "ts": 1.8e9,
+    "gpu_index": 0,
+    "util": 87.0,
+    "mem_used_bytes": 10 * 2**30,
+    "mem_total_bytes": 80 * 2**30,
+    "power_w": 412.5,
+    "temp_c": 65.0,
+}
 
 
 def test_the_otlp_export_round_trips_into_the_receiver_with_equal_values(
@@ -28,6 +37,8 @@ def test_the_otlp_export_round_trips_into_the_receiver_with_equal_values(
     for x in prof.wrap_dataloader(range(NUM_STEPS)):
         with prof.step():
             time.sleep(0.01 + 0.001 * x)
+    # No GPU here: one sample, as the NVML sampler hands it to the shipper.
+    prof.shipper.add("gpu", GPU_SAMPLE)
     prof.close()
 
     steps = read_rows(live_server.db_url, "steps", "otlp-out")
@@ -51,6 +62,15 @@ def test_the_otlp_export_round_trips_into_the_receiver_with_equal_values(
     throughput = latest["stepscope.throughput.tokens_per_s"]["value"]
     assert TOKENS / max(step_s) <= throughput <= TOKENS / min(step_s)
     assert 0 < latest["stepscope.step.data_share"]["value"] < 1
+    # The GPU gauges (hw.gpu.*, hw.power, hw.temperature) land in the GPU table, beside the
+    # native sample, at the export's time: the same values.
+    gpu = read_rows(live_server.db_url, "gpu_samples", "otlp-out")
+    relayed = [r for r in gpu if r["ts"] != GPU_SAMPLE["ts"]]
+    assert relayed
+    for row in relayed:
+        assert {k: row[k] for k in GPU_SAMPLE if k != "ts"} == {
+            k: v for k, v in GPU_SAMPLE.items() if k != "ts"
+        }
 
 
 def test_an_unreachable_otlp_endpoint_never_reaches_training(live_server: RunningServer) -> None:
