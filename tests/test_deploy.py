@@ -130,11 +130,9 @@ def test_the_prometheus_config_is_valid_and_scrapes_metrics() -> None:
 
 def _exposed_names(tmp_path: Path) -> set[str]:
     """Every sample name the server's /metrics can carry, from its registry's exposition."""
-    from prometheus_client.exposition import generate_latest
-
     engine = make_engine(f"sqlite:///{tmp_path / 'metrics.db'}")
     upgrade(engine)
-    text = generate_latest(build_metrics(engine, seen_within_s=600).registry).decode()
+    text = build_metrics(engine, seen_within_s=600).exposition().decode()
     engine.dispose()
     suffixes = {"histogram": ("_bucket", "_count", "_sum")}
     names = set()

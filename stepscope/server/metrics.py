@@ -5,8 +5,9 @@ Labels stay bounded: per outcome, reason, route template or job, never per rank 
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client import (
@@ -16,9 +17,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,7 +47,9 @@ def rejection_reason(status_code: int) -> str:
 class ServerMetrics:
     """The server's counters and histograms, in a registry of its own (one per app)."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: sa.Engine, *, seen_within_s: float) -> None:
+        self._engine = engine
+        self._seen_within_s = seen_within_s
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ingest_batches = Counter(
@@ -107,6 +108,11 @@ class ServerMetrics:
             registry=r,
         )
 
+    def exposition(self) -> bytes:
+        """The server's series and each live job's gauges, in the Prometheus text format."""
+        rows = jobs.live_job_figures(self._engine, seen_within_s=self._seen_within_s)
+        return generate_latest(self.registry) + live_jobs_text(rows).encode()
+
     def batch_stored(
         self, endpoint: str, rows_by_table: dict[str, int], *, duplicate: bool
     ) -> None:
@@ -136,52 +142,65 @@ class ServerMetrics:
         self.webhook_deliveries.labels(outcome).inc()
 
 
-class LiveJobs(Collector):
-    """Each live job's key gauges, read from the job summaries at scrape time."""
+_JOB_GAUGES = (
+    ("step_p50_s", "stepscope_job_step_p50_seconds", "Median step time (steady state)"),
+    ("tokens_per_s", "stepscope_job_tokens_per_second", "Tokens per second, whole job"),
+    ("mfu", "stepscope_job_mfu_ratio", "Model FLOPs utilisation (0-1)"),
+)
+SEVERITIES = ("info", "warning", "critical")
 
-    def __init__(self, engine: sa.Engine, *, seen_within_s: float) -> None:
-        self._engine = engine
-        self._seen_within_s = seen_within_s
 
-    def describe(self) -> list[Metric]:
-        return []  # the families come from the database at scrape time
+def _label(value: str) -> str:
+    """A label value escaped for the text format."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
-    def collect(self) -> Iterator[Metric]:
-        rows = jobs.live_job_figures(self._engine, seen_within_s=self._seen_within_s)
-        live = GaugeMetricFamily("stepscope_live_jobs", "Jobs that sent data recently")
-        live.add_metric([], len(rows))
-        yield live
-        gauges = {
-            "step_p50_s": GaugeMetricFamily(
-                "stepscope_job_step_p50_seconds",
-                "Median step time (steady state)",
-                labels=["job_id"],
-            ),
-            "tokens_per_s": GaugeMetricFamily(
-                "stepscope_job_tokens_per_second", "Tokens per second, whole job", labels=["job_id"]
-            ),
-            "mfu": GaugeMetricFamily(
-                "stepscope_job_mfu_ratio", "Model FLOPs utilisation (0-1)", labels=["job_id"]
-            ),
-        }
-        findings = GaugeMetricFamily(
-            "stepscope_job_findings", "Findings by severity", labels=["job_id", "severity"]
-        )
-        hang = GaugeMetricFamily(
-            "stepscope_job_hang", "1 while the job has an open hang finding", labels=["job_id"]
-        )
-        for row in rows:
-            job_id = row["job_id"]
-            for column, family in gauges.items():
-                if row[column] is not None:
-                    family.add_metric([job_id], row[column])
-            for severity in ("info", "warning", "critical"):
-                if row[f"num_{severity}"] is not None:
-                    findings.add_metric([job_id, severity], row[f"num_{severity}"])
-            hang.add_metric([job_id], 1.0 if row["hang"] else 0.0)
-        yield from gauges.values()
-        yield findings
-        yield hang
+
+def _number(value: float) -> str:
+    value = float(value)
+    if math.isfinite(value):
+        return repr(value)
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
+def live_jobs_text(rows: list[dict[str, Any]]) -> str:
+    """Each live job's gauges in the Prometheus text format.
+
+    Written directly: prometheus_client's exposition costs ~0.3 ms a job, and a scrape of
+    1,000 live jobs must stay well under 100 ms.
+    """
+    out = [
+        "# HELP stepscope_live_jobs Jobs that sent data recently",
+        "# TYPE stepscope_live_jobs gauge",
+        f"stepscope_live_jobs {_number(len(rows))}",
+    ]
+    labels = [f'job_id="{_label(row["job_id"])}"' for row in rows]
+    for column, name, doc in _JOB_GAUGES:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        out += [
+            f"{name}{{{label}}} {_number(row[column])}"
+            for label, row in zip(labels, rows, strict=True)
+            if row[column] is not None
+        ]
+    out += [
+        "# HELP stepscope_job_findings Findings by severity",
+        "# TYPE stepscope_job_findings gauge",
+    ]
+    for label, row in zip(labels, rows, strict=True):
+        out += [
+            f'stepscope_job_findings{{{label},severity="{severity}"}} '
+            f"{_number(row[f'num_{severity}'])}"
+            for severity in SEVERITIES
+            if row[f"num_{severity}"] is not None
+        ]
+    out += [
+        "# HELP stepscope_job_hang 1 while the job has an open hang finding",
+        "# TYPE stepscope_job_hang gauge",
+    ]
+    out += [
+        f"stepscope_job_hang{{{label}}} {1.0 if row['hang'] else 0.0}"
+        for label, row in zip(labels, rows, strict=True)
+    ]
+    return "\n".join(out) + "\n"
 
 
 class RequestMetrics:
@@ -242,8 +261,8 @@ class RequestMetrics:
 
 async def _metrics(request: Request) -> Response:
     request.app.state.authorize(request, "read")
-    registry: CollectorRegistry = request.app.state.metrics.registry
-    body = await run_in_threadpool(generate_latest, registry)  # the live jobs' query
+    metrics: ServerMetrics = request.app.state.metrics
+    body = await run_in_threadpool(metrics.exposition)  # the live jobs' query
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -251,8 +270,6 @@ route = Route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
 
 
 def build_metrics(engine: sa.Engine, *, seen_within_s: float) -> ServerMetrics:
-    """The server's metrics with the live jobs' gauges registered."""
+    """The server's metrics, with the live jobs of `engine` (seen within `seen_within_s`)."""
     disable_created_metrics()  # the *_created series double a scrape and say little
-    metrics = ServerMetrics()
-    metrics.registry.register(LiveJobs(engine, seen_within_s=seen_within_s))
-    return metrics
+    return ServerMetrics(engine, seen_within_s=seen_within_s)

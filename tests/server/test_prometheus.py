@@ -18,6 +18,8 @@ from tests.support import require_prometheus
 
 JOB = "prom-live"
 NUM_RANKS, NUM_STEPS, STEPS_PER_BATCH = 2, 60, 10
+_SLOW_S = 120.0
+"""Timeout of a request to the server: a loaded CI machine makes an analysis pass slow."""
 _SCRAPE_LABELS = ("__name__", "instance", "job")
 """Labels Prometheus adds to every series (its own "job" is the scrape job)."""
 
@@ -100,9 +102,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
             f"{server.url}/v1/ingest",
             content=b"{not json",
             headers={**ingest, "Content-Type": "application/json"},
+            timeout=_SLOW_S,
         )
         assert bad.status_code == 400
-        analyzed = httpx.post(f"{server.url}/api/v1/jobs/{JOB}/analyze", headers=ingest)
+        analyzed = httpx.post(
+            f"{server.url}/api/v1/jobs/{JOB}/analyze", headers=ingest, timeout=_SLOW_S
+        )
         assert analyzed.status_code == 200
         proc, prom_url = _start_prometheus(binary, tmp, server.port, tokens["read"])
         try:
@@ -162,7 +167,9 @@ def test_the_ingest_counters_count_the_batches_rows_and_rejections(scraped: Scra
 
 def test_the_job_gauges_equal_the_apis_summary(scraped: Scraped) -> None:
     read = {"Authorization": f"Bearer {scraped.tokens['read']}"}
-    summary = httpx.get(f"{scraped.server.url}/api/v1/jobs/{JOB}", headers=read).json()
+    summary = httpx.get(
+        f"{scraped.server.url}/api/v1/jobs/{JOB}", headers=read, timeout=_SLOW_S
+    ).json()
     step = _query(scraped, f'stepscope_job_step_p50_seconds{{job_id="{JOB}"}}')
     assert _one(step) == pytest.approx(summary["step_p50_s"], rel=1e-9)
     tokens = _query(scraped, f'stepscope_job_tokens_per_second{{job_id="{JOB}"}}')
@@ -188,3 +195,35 @@ def test_metrics_needs_a_read_token_when_auth_is_on(scraped: Scraped) -> None:
     response = httpx.get(url, headers=read)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
+
+
+def test_job_ids_with_quotes_and_backslashes_parse_back_exactly() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stepscope.server.metrics import live_jobs_text
+
+    job_id = 'run "7"\\a\nb'
+    row = {
+        "job_id": job_id,
+        "step_p50_s": 0.25,
+        "tokens_per_s": 1e5,
+        "mfu": None,
+        "num_info": 1,
+        "num_warning": 0,
+        "num_critical": 2,
+        "hang": True,
+    }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(live_jobs_text([row]))
+        for s in family.samples
+    }
+    assert samples == {
+        ("stepscope_live_jobs", ()): 1.0,
+        ("stepscope_job_step_p50_seconds", (("job_id", job_id),)): 0.25,
+        ("stepscope_job_tokens_per_second", (("job_id", job_id),)): 1e5,
+        ("stepscope_job_findings", (("job_id", job_id), ("severity", "info"))): 1.0,
+        ("stepscope_job_findings", (("job_id", job_id), ("severity", "warning"))): 0.0,
+        ("stepscope_job_findings", (("job_id", job_id), ("severity", "critical"))): 2.0,
+        ("stepscope_job_hang", (("job_id", job_id),)): 1.0,
+    }
