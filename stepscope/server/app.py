@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -16,8 +18,10 @@ from stepscope.collector.ingest import route as ingest_route
 from stepscope.collector.otlp import RankDirectory
 from stepscope.collector.otlp import route as otlp_route
 from stepscope.pipeline.hang_monitor import HangMonitor
+from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
+from stepscope.schema import Finding
 from stepscope.server.auth import Authorizer, TokenCache
 from stepscope.server.metrics import RequestMetrics, build_metrics
 from stepscope.server.metrics import route as metrics_route
@@ -27,6 +31,38 @@ from stepscope.server.webhooks import WebhookSender
 from stepscope.store.engine import is_sqlite, make_engine, ping
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter
+
+if TYPE_CHECKING:
+    from stepscope.server.otlp_export import OtlpEventExporter
+
+
+def otlp_exporter(engine: sa.Engine, settings: Settings) -> OtlpEventExporter | None:
+    """The OTLP log export of findings and summaries, when an endpoint is set."""
+    if not settings.otlp_export_endpoint:
+        return None
+    # Imported here: the OpenTelemetry SDK loads only when the export is on.
+    from stepscope.server.otlp_export import OtlpEventExporter
+
+    return OtlpEventExporter(
+        engine,
+        settings.otlp_export_endpoint,
+        interval_s=settings.otlp_export_interval_s,
+        seen_within_s=settings.active_within_s,
+        timeout_s=settings.otlp_export_timeout_s,
+    )
+
+
+def fan_out(*hooks: FindingsHook | None) -> FindingsHook | None:
+    """One findings hook that tells each of `hooks` (each never raises), or None."""
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def tell_all(job_id: str, findings: list[Finding]) -> None:
+        for hook in present:
+            hook(job_id, findings)
+
+    return tell_all
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,7 +83,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.webhook_urls
         else None
     )
-    on_findings = webhooks.offer if webhooks else None
+    exporter = otlp_exporter(engine, settings)
+    webhook_hook = webhooks.offer if webhooks else None
+    on_findings = fan_out(webhook_hook, exporter.pass_findings if exporter else None)
     resources = PassResources()  # shared by the background passes and POST .../analyze
     analyzer = BackgroundAnalyzer(
         engine,
@@ -63,13 +101,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine,
         silent_after_s=settings.hang_silent_after_s,
         debounce_s=settings.hang_debounce_s,
-        on_findings=on_findings,
+        on_findings=fan_out(webhook_hook, exporter.offered if exporter else None),
     )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if webhooks:
             webhooks.start()
+        if exporter:
+            exporter.start()
         analyzer.start()
         try:
             yield
@@ -78,6 +118,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             resources.close()
             if webhooks:
                 webhooks.stop()
+            if exporter:
+                exporter.stop()
             writer.close()
             hang_monitor.close()
             engine.dispose()

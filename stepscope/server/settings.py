@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     report a hang (3 x the profiler's heartbeat_s)."""
     hang_debounce_s: float = Field(default=0.2, ge=0)
     """At most one hang attribution per job per this many seconds while reports arrive."""
+    otlp_export_endpoint: str | None = None
+    """OTLP/HTTP endpoint (base URL; /v1/logs is appended) to which findings as they open and
+    close and each live job's summary are exported as log records; unset: no export."""
+    otlp_export_interval_s: float = Field(default=30.0, gt=0)
+    """How often each live job's summary is exported."""
+    otlp_export_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one OTLP export request may take."""
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
 
@@ -65,6 +72,13 @@ class Settings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"webhook URL {url!r} must start with http:// or https://")
         return urls
+
+    @field_validator("otlp_export_endpoint")
+    @classmethod
+    def _http_endpoint(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"OTLP export endpoint {url!r} must start with http:// or https://")
+        return url or None
 
 
 def is_loopback(host: str) -> bool:
