@@ -109,3 +109,11 @@ def require_prometheus() -> str:
     require(path is not None, "a Prometheus server (apt-get install prometheus)")
     assert path is not None
     return path
+
+
+def require_docker_compose() -> str:
+    """Debian's docker-compose (v1; `config` needs no Docker engine; `.ci/run` installs it)."""
+    path = shutil.which("docker-compose")
+    require(path is not None, "docker-compose (apt-get install docker-compose)")
+    assert path is not None
+    return path

@@ -76,9 +76,11 @@ class Settings(BaseSettings):
     @field_validator("otlp_export_endpoint")
     @classmethod
     def _http_endpoint(cls, url: str | None) -> str | None:
-        if url is not None and not url.startswith(("http://", "https://")):
+        if not url:  # compose passes an unset variable as ""
+            return None
+        if not url.startswith(("http://", "https://")):
             raise ValueError(f"OTLP export endpoint {url!r} must start with http:// or https://")
-        return url or None
+        return url
 
 
 def is_loopback(host: str) -> bool:

@@ -9,7 +9,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from stepscope.schema import Finding
-from stepscope.server.otlp_export import OtlpEventExporter
+from stepscope.server.otlp_export import OtlpEventExporter, logs_url
+from stepscope.server.settings import Settings
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.stream import stream_job
 from tests.api.conftest import JOB, main_job
@@ -149,3 +150,13 @@ def test_an_unreachable_endpoint_breaks_neither_ingest_nor_analysis(db_url: str)
         kinds = {f["kind"] for f in response.json()}
         assert "straggler_rank" in kinds
         assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
+
+
+def test_the_export_is_off_unless_an_http_endpoint_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_OTLP_EXPORT_ENDPOINT", "")  # compose's unset variable
+    assert Settings().otlp_export_endpoint is None
+    monkeypatch.setenv("STEPSCOPE_OTLP_EXPORT_ENDPOINT", "otel-collector:4318")
+    with pytest.raises(ValueError, match="must start with http"):
+        Settings()
+    assert logs_url("http://c:4318") == "http://c:4318/v1/logs"
+    assert logs_url("http://c:4318/v1/logs") == "http://c:4318/v1/logs"
