@@ -249,6 +249,11 @@ RANKS = Table(
         _c("pid", "int"),
         _c("incarnation", "str", doc="latest process incarnation seen for this rank"),
         _c("mesh", "json", doc="DeviceMesh coordinates: {dim: [coordinate, size]} (pp: stage)"),
+        _c(
+            "attributes",
+            "json",
+            doc="where the rank ran: scheduler names (k8s.pod.name, slurm...), gpu.uuid",
+        ),
         _c("first_seen", "float", "s"),
         _c("last_seen", "float", "s"),
     ),

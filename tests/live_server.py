@@ -157,12 +157,30 @@ def run_server(
             wait_healthy(url, proc=proc)
             yield RunningServer(url=url, port=port, db_url=db_url)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Terminate a process this test started, and kill it if it does not exit in time."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def database_with_tokens(db_url: str, scopes: Sequence[str]) -> dict[str, str]:
+    """Migrate a new database and create a token per scope; scope → token."""
+    from stepscope.store.migrate import upgrade
+    from stepscope.store.tokens import create_token
+
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        return {s: create_token(engine, name=s, scopes=[s]) for s in scopes}
+    finally:
+        engine.dispose()
 
 
 def post_batch(url: str, doc: dict[str, Any]) -> dict[str, Any]:

@@ -173,3 +173,22 @@ def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
                 cluster._ctl("-m", "immediate", "-w", "stop")
             except subprocess.CalledProcessError:
                 pass  # already stopped
+
+
+PROMETHEUS = os.environ.get("STEPSCOPE_TEST_PROMETHEUS", "/usr/bin/prometheus")
+
+
+def require_prometheus() -> str:
+    """Debian's prometheus binary (`.ci/run` installs it)."""
+    path = PROMETHEUS if Path(PROMETHEUS).exists() else shutil.which("prometheus")
+    require(path is not None, "a Prometheus server (apt-get install prometheus)")
+    assert path is not None
+    return path
+
+
+def require_docker_compose() -> str:
+    """Debian's docker-compose (v1; `config` needs no Docker engine; `.ci/run` installs it)."""
+    path = shutil.which("docker-compose")
+    require(path is not None, "docker-compose (apt-get install docker-compose)")
+    assert path is not None
+    return path

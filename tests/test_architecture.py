@@ -30,7 +30,11 @@ SERVER_MODULES = (
     "uvicorn",
     "alembic",
     "pydantic",
+    "prometheus_client",
+    "opentelemetry",
+    "google",
 )
+"""Server packages, and the OpenTelemetry SDK that only the optional OTLP export loads."""
 
 
 def _loaded_after(statement: str, candidates: tuple[str, ...]) -> list[str]:

@@ -134,6 +134,24 @@ class JobSummaryRead(BaseModel):
         return cls.model_validate(summary)
 
 
+class MetricPointRead(BaseModel):
+    """An OTLP metric point received at /v1/metrics (not GPU telemetry), as stored."""
+
+    rank: int
+    name: str
+    attributes: dict[str, Any]
+    ts: float
+    kind: Literal["gauge", "sum", "histogram"]
+    unit: str | None
+    value: float | None
+    """A gauge's or sum's value; a histogram's sum."""
+    count: int | None
+    min: float | None
+    max: float | None
+    bounds: list[float] | None
+    bucket_counts: list[int] | None
+
+
 class FindingRead(BaseModel):
     """A finding of the analysis, with its one-line text and, when known, its cost."""
 

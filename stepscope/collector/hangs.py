@@ -153,6 +153,7 @@ async def hangs(request: Request) -> Response:
     except BatchError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
     await asyncio.wrap_future(request.app.state.hang_monitor.submit(row))
+    request.app.state.metrics.batch_stored("/v1/hangs", {"hang_reports": 1}, duplicate=False)
     return Response(orjson.dumps({"ok": True}), media_type="application/json")
 
 

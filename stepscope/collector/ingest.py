@@ -64,6 +64,9 @@ async def ingest(request: Request) -> Response:
     result = await asyncio.wrap_future(
         writer.submit(job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections)
     )
+    request.app.state.metrics.batch_stored(
+        "/v1/ingest", result.accepted, duplicate=result.duplicate
+    )
     doc = {"accepted": result.accepted, "duplicate": result.duplicate}
     return Response(orjson.dumps(doc), media_type="application/json")
 

@@ -40,7 +40,10 @@ _SOURCE_FIELDS: dict[str, schema.Dtype] = {
     "pid": "int",
     "incarnation": "str",
     "mesh": "json",
+    "attributes": "json",
 }
+MAX_SOURCE_ATTRIBUTES = 64
+MAX_SOURCE_ATTRIBUTE_CHARS = 1024
 MAX_MESH_DIMS = 8
 MAX_MESH_DIM_CHARS = 64
 _EVENT_FIELDS = {c.name: c.dtype for c in schema.EVENTS.wire_columns}
@@ -72,6 +75,18 @@ class Batch:
 
 def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) -> Any:
     """JSON value of a (possibly gzip-encoded) body, refusing bodies that inflate past max_bytes."""
+    body = inflate(body, content_encoding=content_encoding, max_bytes=max_bytes)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        where = _non_finite_number(body)
+        if where is not None:  # NaN or Infinity, as JavaScript and Python's json write them
+            raise BatchError(f"{where} must hold finite numbers (got NaN or Infinity)") from exc
+        raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+
+
+def inflate(body: bytes, *, content_encoding: str | None, max_bytes: int) -> bytes:
+    """The body without its gzip Content-Encoding; 413 past `max_bytes` inflated."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "gzip":
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
@@ -83,13 +98,7 @@ def decode_body(body: bytes, *, content_encoding: str | None, max_bytes: int) ->
             raise BatchError(f"decompressed body exceeds {max_bytes} bytes", status=413)
     elif encoding != "identity":
         raise BatchError(f"unsupported Content-Encoding {encoding!r} (use gzip)", status=415)
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        where = _non_finite_number(body)
-        if where is not None:  # NaN or Infinity, as JavaScript and Python's json write them
-            raise BatchError(f"{where} must hold finite numbers (got NaN or Infinity)") from exc
-        raise BatchError(f"body is not valid JSON: {exc}", status=400) from exc
+    return body
 
 
 def _non_finite_number(body: bytes) -> str | None:
@@ -230,6 +239,24 @@ def _columnar(section: str, table: schema.Table, payload: Any) -> Columns | None
     return {name: _column(section, wire[name], values) for name, values in payload.items()}
 
 
+def _check_source_attributes(attributes: Any) -> None:
+    """source.attributes: a few scalars (a rank's scheduler names and GPU identity)."""
+    if attributes is None:
+        return
+    if len(attributes) > MAX_SOURCE_ATTRIBUTES:
+        raise BatchError(
+            f"source.attributes has {len(attributes)} keys, more than {MAX_SOURCE_ATTRIBUTES}"
+        )
+    for key, value in attributes.items():
+        if not isinstance(value, str | int | float | bool) and value is not None:
+            raise BatchError(f"source.attributes.{key} must be a string, number or boolean")
+        if len(key) > MAX_SOURCE_ATTRIBUTE_CHARS or len(str(value)) > MAX_SOURCE_ATTRIBUTE_CHARS:
+            raise BatchError(
+                f"source.attributes.{key[:64]} is longer than {MAX_SOURCE_ATTRIBUTE_CHARS} "
+                "characters"
+            )
+
+
 def _check_mesh(mesh: Any) -> None:
     """source.mesh: {dim: [coordinate, size]}, a few short names, 0 <= coordinate < size."""
     if mesh is None:
@@ -331,6 +358,7 @@ def parse_batch(doc: Any) -> Batch:
     if source["rank"] < 0 or seq < 0:
         raise BatchError("source.rank and seq must not be negative")
     _check_mesh(source.get("mesh"))
+    _check_source_attributes(source.get("attributes"))
 
     sections: dict[str, Columns] = {}
     for name, table in _COLUMNAR_SECTIONS.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -46,6 +47,10 @@ class RoundResult:
     """Jobs whose pass ran elsewhere (another thread or replica) or waits for its retry."""
 
 
+PassHook = Callable[[float, BaseException | None], None]
+"""Told each job pass's duration in seconds and its error (None when it succeeded)."""
+
+
 class BackgroundAnalyzer:
     """A daemon thread that runs an incremental pass over active jobs every `interval_s`."""
 
@@ -58,8 +63,10 @@ class BackgroundAnalyzer:
         grace_s: float = 30.0,
         resources: PassResources,
         on_findings: FindingsHook | None = None,
+        on_pass: PassHook | None = None,
     ) -> None:
         self._engine = engine
+        self._on_pass = on_pass
         self._interval_s = interval_s
         self._active_within_s = active_within_s
         self._grace_s = grace_s
@@ -94,6 +101,7 @@ class BackgroundAnalyzer:
             if failing is not None and now < failing.retry_at:
                 result.skipped.append(job_id)
                 continue
+            start = time.perf_counter()
             try:
                 with job_lock(self._engine, job_id) as held:
                     if not held:
@@ -101,12 +109,14 @@ class BackgroundAnalyzer:
                         continue
                     changed = self._pass(job_id)
             except Exception as exc:
+                self._told(time.perf_counter() - start, exc)
                 result.failed.append(job_id)
                 if is_unavailable(exc):  # every other job would fail alike: wait for the next tick
                     OUTAGES.unavailable(exc)
                     break
                 self._failed(job_id, exc)
                 continue
+            self._told(time.perf_counter() - start, None)
             self._failing.pop(job_id, None)
             OUTAGES.available()
             if changed:
@@ -142,6 +152,10 @@ class BackgroundAnalyzer:
                 type(exc).__name__,
                 exc,
             )
+
+    def _told(self, duration_s: float, error: BaseException | None) -> None:
+        if self._on_pass is not None:
+            self._on_pass(duration_s, error)
 
     def _warm(self, job_id: str) -> None:
         """Compute the job's rank table now, off the request path: the dashboard and the API

@@ -31,10 +31,11 @@ from stepscope.schema import EVENT_KINDS, STEPS
 from .base import NULL_CONTEXT, Profiler
 from .calls import CollectiveCall
 from .comm import DdpStepTimer, make_ddp_hook
-from .config import Config, RunEnv
+from .config import Config, RunEnv, default_flush_interval_s
 from .flops import measure_flops, peak_flops_for
 from .groups import GroupRegistry
 from .lifecycle import detect_lifecycle
+from .otlp import build_otlp_metrics
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
@@ -256,6 +257,7 @@ class ActiveProfiler(Profiler):
             "torch_version": torch.__version__,
             "python_version": platform.python_version(),
         }
+        attributes.update(env.job_attributes)
         attributes.update(config.attributes)
         job = {
             "job_id": job_id,
@@ -272,8 +274,26 @@ class ActiveProfiler(Profiler):
             "node": env.node,
             "pid": env.pid,
             "incarnation": self.incarnation,
+            "attributes": dict(env.rank_attributes) or None,
         }
-        self.shipper = Shipper(config=config, job=job, source=source)
+        self._otlp = (
+            build_otlp_metrics(
+                endpoint=config.otlp_endpoint,
+                job=job,
+                source=source,
+                export_interval_s=config.flush_interval_s
+                or default_flush_interval_s(env.world_size),
+                token=config.token,
+            )
+            if config.otlp_endpoint
+            else None
+        )
+        self.shipper = Shipper(
+            config=config,
+            job=job,
+            source=source,
+            tee=self._otlp.record if self._otlp is not None else None,
+        )
         self._send_start()
         self._groups = GroupRegistry()
         self._tap: Any = None
@@ -451,6 +471,8 @@ class ActiveProfiler(Profiler):
                 "stepscope: %s records not acknowledged at close (collector unreachable?)",
                 "some" if sum(self.shipper.stats.num_rows_sent.values()) else "all",
             )
+        if self._otlp is not None:
+            self._otlp.close(timeout_s=self.config.close_timeout_s)
 
     def __exit__(
         self,
@@ -619,6 +641,8 @@ class ActiveProfiler(Profiler):
         if peak_flops is None:
             peak_flops = peak_flops_for(device_name)
         self.shipper.update_job(device_name=device_name, peak_flops=peak_flops)
+        if self._otlp is not None:
+            self._otlp.peak_flops = peak_flops
         if peak_flops is None and self.env.rank == 0:
             self.event(
                 "custom",
@@ -653,6 +677,11 @@ class ActiveProfiler(Profiler):
                 emit=functools.partial(self.shipper.add, "gpu"),
             )
             if sampler is not None:
+                uuid = sampler.uuid()
+                if uuid is not None:
+                    # The GPU's identity rides with the rank, like its node (DESIGN §8).
+                    attributes = {**self.env.rank_attributes, "gpu.uuid": uuid}
+                    self.shipper.update_source(attributes=attributes)
                 sampler.start()
             return sampler
         except Exception:

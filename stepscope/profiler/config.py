@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .scheduler import scheduler_view
+
 ENV_PREFIX = "STEPSCOPE_"
 
 FlopsSetting = float | Literal["auto"] | None
@@ -115,6 +117,11 @@ class Config:
     thread holds the GIL and the watchdog cannot run; `stepscope run` sets it and ships
     them. None: no such files."""
 
+    otlp_endpoint: str | None = None
+    """Also export per-step metrics (step time, data and comm-wait shares, tokens/s, MFU, GPU
+    telemetry) through the OpenTelemetry SDK to this OTLP/HTTP metrics URL, e.g.
+    http://otel-collector:4318/v1/metrics. Needs `pip install 'stepscope[otel]'`. None: off."""
+
     def __post_init__(self) -> None:
         for name in (
             "flush_interval_s",
@@ -199,7 +206,13 @@ class RunEnv:
     node: str
     pid: int
     job_id: str | None
-    """Job id the launcher gives every rank alike (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)."""
+    """Job id the launcher gives every rank alike (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, a
+    Kubernetes job label)."""
+    job_attributes: dict[str, Any] = field(default_factory=dict)
+    """What the scheduler says of the job (Slurm job, array task, node list, requeue count;
+    Kubernetes namespace and pod labels)."""
+    rank_attributes: dict[str, Any] = field(default_factory=dict)
+    """What the scheduler says of this rank (pod, host and node names)."""
 
 
 def _first_int(env: dict[str, str], *names: str) -> int | None:
@@ -216,6 +229,9 @@ def _first_int(env: dict[str, str], *names: str) -> int | None:
 def detect_env(env: dict[str, str] | None = None) -> RunEnv:
     """Rank, world size, node and launcher job id of this process."""
     env = dict(os.environ) if env is None else env
+    rank = _first_int(env, "RANK", "SLURM_PROCID") or 0
+    view = scheduler_view(env, rank=rank)
+    hostname = socket.gethostname()
     job_id: str | None = None
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
@@ -224,12 +240,18 @@ def detect_env(env: dict[str, str] | None = None) -> RunEnv:
         job_id = "slurm-" + env["SLURM_JOB_ID"]
         if env.get("SLURM_STEP_ID"):
             job_id += "." + env["SLURM_STEP_ID"]
+    elif view.job_name:
+        job_id = "k8s-" + view.job_name.replace("/", "-")
+    node = view.node or hostname
     return RunEnv(
-        rank=_first_int(env, "RANK", "SLURM_PROCID") or 0,
+        rank=rank,
         local_rank=_first_int(env, "LOCAL_RANK", "SLURM_LOCALID") or 0,
         world_size=_first_int(env, "WORLD_SIZE", "SLURM_NTASKS") or 1,
         node_rank=_first_int(env, "GROUP_RANK", "SLURM_NODEID"),
-        node=socket.gethostname(),
+        node=node,
         pid=os.getpid(),
         job_id=job_id,
+        job_attributes=view.job_attributes,
+        # The physical node is `node`; the machine name the process sees is kept beside it.
+        rank_attributes={**view.rank_attributes, "host.name": hostname},
     )

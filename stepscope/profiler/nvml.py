@@ -95,6 +95,13 @@ class GpuSampler:
             gpm_supported=_gpm_supported(pynvml, handle),
         )
 
+    def uuid(self) -> str | None:
+        """The device's NVML UUID ("GPU-..."): its identity across jobs, hosts and reboots."""
+        value = _read(lambda: self._nvml.nvmlDeviceGetUUID(self._handle))
+        if isinstance(value, bytes):
+            return value.decode(errors="replace")
+        return value if isinstance(value, str) else None
+
     def start(self) -> None:
         """Start the sampler thread; the first row comes one interval later."""
         if self._thread is not None or self._closed:

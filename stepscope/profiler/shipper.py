@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,10 +97,18 @@ class Shipper:
     """Owns the buffers and the thread that posts them to {url}/v1/ingest."""
 
     def __init__(
-        self, *, config: Config, job: dict[str, Any], source: dict[str, Any], start: bool = True
+        self,
+        *,
+        config: Config,
+        job: dict[str, Any],
+        source: dict[str, Any],
+        start: bool = True,
+        tee: Callable[[str, list[dict[str, Any]]], None] | None = None,
     ) -> None:
         assert config.url is not None
         self._config = config
+        self._tee = tee
+        """Also told each batch's step and GPU rows, in this thread (the OTLP export)."""
         self._flush_interval_s = config.flush_interval_s or default_flush_interval_s(
             int(job.get("world_size") or 1)
         )
@@ -245,6 +254,8 @@ class Shipper:
             if not rows:
                 continue
             counts[kind] = len(rows)
+            if self._tee is not None and kind in ("steps", "gpu"):
+                self._tee(kind, rows)
             if kind == "events":
                 payload[kind] = rows
             else:

@@ -25,7 +25,14 @@ from stepscope.query.ranks import RankGroups, RankTable, rank_groups, rank_table
 from stepscope.query.series import AGGREGATES as SERIES_AGGREGATES
 from stepscope.query.series import METRICS as SERIES_METRICS
 from stepscope.query.series import Band, Series, step_band, step_series
-from stepscope.query.summary import JobSummary, StoredFinding, events, findings, job_summary
+from stepscope.query.summary import (
+    JobSummary,
+    StoredFinding,
+    events,
+    findings,
+    job_summary,
+    metric_points,
+)
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -67,6 +74,7 @@ __all__ = [
     "heatmap",
     "job_mesh",
     "job_summary",
+    "metric_points",
     "list_jobs",
     "rank_groups",
     "rank_table",

@@ -106,3 +106,18 @@ def events(engine: sa.Engine, job_id: str, *, limit: int = 500) -> list[dict[str
     check_at_least("limit", limit, 1)
     require_job(engine, job_id)
     return reads.read_events(engine, job_id, limit)
+
+
+def metric_points(
+    engine: sa.Engine,
+    job_id: str,
+    *,
+    name: str | None = None,
+    rank: int | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    """The job's OTLP metric points (POST /v1/metrics, other than GPU telemetry): rank, name,
+    attributes, ts, kind, unit, value, and a histogram's count, min, max, bounds and counts."""
+    check_at_least("limit", limit, 1)
+    require_job(engine, job_id)
+    return reads.read_otlp_metrics(engine, job_id, name=name, rank=rank, limit=limit)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -13,11 +15,17 @@ from stepscope.api import errors
 from stepscope.api.routes import router as api_router
 from stepscope.collector.hangs import route as hangs_route
 from stepscope.collector.ingest import route as ingest_route
+from stepscope.collector.otlp import RankDirectory
+from stepscope.collector.otlp import route as otlp_route
 from stepscope.pipeline.hang_monitor import HangMonitor
+from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.server import unavailable
+from stepscope.schema import Finding
 from stepscope.server.auth import Authorizer, TokenCache
+from stepscope.server.metrics import RequestMetrics, build_metrics
+from stepscope.server.metrics import route as metrics_route
 from stepscope.server.openapi import build_openapi
 from stepscope.server.settings import Settings
 from stepscope.server.webhooks import WebhookSender
@@ -25,6 +33,38 @@ from stepscope.store.availability import OUTAGES
 from stepscope.store.engine import is_sqlite, make_engine, ping
 from stepscope.store.migrate import ensure_current
 from stepscope.store.writer import BatchWriter
+
+if TYPE_CHECKING:
+    from stepscope.server.otlp_export import OtlpEventExporter
+
+
+def otlp_exporter(engine: sa.Engine, settings: Settings) -> OtlpEventExporter | None:
+    """The OTLP log export of findings and summaries, when an endpoint is set."""
+    if not settings.otlp_export_endpoint:
+        return None
+    # Imported here: the OpenTelemetry SDK loads only when the export is on.
+    from stepscope.server.otlp_export import OtlpEventExporter
+
+    return OtlpEventExporter(
+        engine,
+        settings.otlp_export_endpoint,
+        interval_s=settings.otlp_export_interval_s,
+        seen_within_s=settings.active_within_s,
+        timeout_s=settings.otlp_export_timeout_s,
+    )
+
+
+def fan_out(*hooks: FindingsHook | None) -> FindingsHook | None:
+    """One findings hook that tells each of `hooks` (each never raises), or None."""
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def tell_all(job_id: str, findings: list[Finding]) -> None:
+        for hook in present:
+            hook(job_id, findings)
+
+    return tell_all
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -34,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.database_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s
     )
     ensure_current(engine, auto_upgrade=is_sqlite(engine))
+    metrics = build_metrics(engine, seen_within_s=settings.active_within_s)
     webhooks = (
         WebhookSender(
             engine,
@@ -41,11 +82,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             secret=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
             timeout_s=settings.webhook_timeout_s,
             max_attempts=settings.webhook_max_attempts,
+            on_attempt=metrics.webhook_attempt,
         )
         if settings.webhook_urls
         else None
     )
-    on_findings = webhooks.offer if webhooks else None
+    exporter = otlp_exporter(engine, settings)
+    webhook_hook = webhooks.offer if webhooks else None
+    on_findings = fan_out(webhook_hook, exporter.pass_findings if exporter else None)
     resources = PassResources()  # shared by the background passes and POST .../analyze
     analyzer = BackgroundAnalyzer(
         engine,
@@ -54,19 +98,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         grace_s=settings.rollup_grace_s,
         resources=resources,
         on_findings=on_findings,
+        on_pass=metrics.analyzer_pass,
     )
     writer = BatchWriter(engine)
     hang_monitor = HangMonitor(
         engine,
         silent_after_s=settings.hang_silent_after_s,
         debounce_s=settings.hang_debounce_s,
-        on_findings=on_findings,
+        on_findings=fan_out(webhook_hook, exporter.offered if exporter else None),
     )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if webhooks:
             webhooks.start()
+        if exporter:
+            exporter.start()
         analyzer.start()
         try:
             yield
@@ -75,6 +122,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             resources.close()
             if webhooks:
                 webhooks.stop()
+            if exporter:
+                exporter.stop()
             writer.close()
             hang_monitor.close()
             engine.dispose()
@@ -90,6 +139,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.writer = writer
     app.state.hang_monitor = hang_monitor
+    app.state.metrics = metrics
+    app.state.otlp_ranks = RankDirectory(engine, seen_within_s=settings.active_within_s)
     app.state.pass_resources = resources
     tokens = TokenCache(engine)
     app.state.authorize = Authorizer(tokens, auth=settings.auth)
@@ -101,9 +152,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
+    app.add_middleware(RequestMetrics, metrics=metrics)
     errors.install(app)
     unavailable.install(app, retry_after_s=settings.retry_after_s)
+    app.router.routes.append(metrics_route)
     app.router.routes.append(ingest_route)
+    app.router.routes.append(otlp_route)
     app.router.routes.append(hangs_route)
     app.include_router(api_router)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     """How long a write waits for a SQLite lock held by another process before it answers 503."""
     retry_after_s: int = Field(default=5, ge=1, le=3600)
     """Retry-After of the 503 answered while the database is unavailable, in seconds."""
+    otlp_export_endpoint: str | None = None
+    """OTLP/HTTP endpoint (base URL; /v1/logs is appended) to which findings as they open and
+    close and each live job's summary are exported as log records; unset: no export."""
+    otlp_export_interval_s: float = Field(default=30.0, gt=0)
+    """How often each live job's summary is exported."""
+    otlp_export_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one OTLP export request may take."""
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
 
@@ -69,6 +76,15 @@ class Settings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"webhook URL {url!r} must start with http:// or https://")
         return urls
+
+    @field_validator("otlp_export_endpoint")
+    @classmethod
+    def _http_endpoint(cls, url: str | None) -> str | None:
+        if not url:  # compose passes an unset variable as ""
+            return None
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"OTLP export endpoint {url!r} must start with http:// or https://")
+        return url
 
 
 def is_loopback(host: str) -> bool:

@@ -18,7 +18,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -91,8 +91,11 @@ class WebhookSender:
         backoff_s: float = 2.0,
         max_backoff_s: float = 600.0,
         poll_s: float = 5.0,
+        on_attempt: Callable[[str], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_attempt = on_attempt
+        """Told each attempt's outcome: delivered, retrying or given_up."""
         self._urls = {target_key(url): url for url in urls}
         self._secret = secret
         self._timeout_s = timeout_s
@@ -206,6 +209,7 @@ class WebhookSender:
                     next_attempt_at=None,
                     error=None,
                 )
+                self._told("delivered")
                 return True
             error = f"HTTP {response.status_code}: {response.text[:200]}"
             retry = response.status_code >= 500 or response.status_code in _RETRIED_STATUSES
@@ -224,4 +228,9 @@ class WebhookSender:
         deliveries.record_attempt(
             self._engine, delivery, delivered_at=None, next_attempt_at=next_at, error=error
         )
+        self._told("retrying" if next_at is not None else "given_up")
         return False
+
+    def _told(self, outcome: str) -> None:
+        if self._on_attempt is not None:
+            self._on_attempt(outcome)

@@ -50,3 +50,63 @@ def rank_meshes(engine: sa.Engine, job_id: str) -> dict[int, dict[str, list[int]
         int(rank): json.loads(mesh) if isinstance(mesh, str) else mesh
         for rank, mesh in zip(named["rank"].to_list(), named["mesh"].to_list(), strict=True)
     }
+
+
+LIVE_FIGURES = ("step_p50_s", "tokens_per_s", "mfu", "num_info", "num_warning", "num_critical")
+"""The job_summaries columns that `live_job_figures` returns beside job_id and hang."""
+
+
+def live_job_figures(engine: sa.Engine, *, seen_within_s: float) -> list[dict[str, Any]]:
+    """Each job that sent a batch in the last `seen_within_s` seconds: its summary's key
+    figures (None before its first analysis pass) and whether it has an open hang finding."""
+    r, s, f = tables.ranks, tables.job_summaries, tables.findings
+    live = (
+        sa.select(r.c.job_id)
+        .where(r.c.last_seen >= time.time() - seen_within_s)
+        .group_by(r.c.job_id)
+        .subquery()
+    )
+    figures = sa.select(live.c.job_id, *(s.c[c] for c in LIVE_FIGURES)).select_from(
+        live.outerjoin(s, s.c.job_id == live.c.job_id)
+    )
+    hangs = sa.select(f.c.job_id, f.c.evidence).where(
+        f.c.kind == "hang", f.c.job_id.in_(sa.select(live.c.job_id))
+    )
+    with engine.connect() as conn:
+        rows = [dict(row) for row in conn.execute(figures).mappings()]
+        hanging = {
+            job_id
+            for job_id, evidence in conn.execute(hangs)
+            if _loaded(evidence).get("closed_at") is None
+        }
+    for row in rows:
+        row["hang"] = row["job_id"] in hanging
+    return rows
+
+
+def _loaded(evidence: Any) -> dict[str, Any]:
+    """A JSON column's value as a dict (SQLite hands back text on some paths)."""
+    if isinstance(evidence, str):
+        loaded = json.loads(evidence)
+        return loaded if isinstance(loaded, dict) else {}
+    return evidence if isinstance(evidence, dict) else {}
+
+
+def live_rank_names(engine: sa.Engine, *, seen_within_s: float) -> list[dict[str, Any]]:
+    """job_id, rank, local_rank, node and attributes of each rank seen in the last
+    `seen_within_s` seconds (attributes decoded)."""
+    r = tables.ranks
+    query = sa.select(r.c.job_id, r.c.rank, r.c.local_rank, r.c.node, r.c.attributes).where(
+        r.c.last_seen >= time.time() - seen_within_s
+    )
+    with engine.connect() as conn:
+        rows = [dict(row) for row in conn.execute(query).mappings()]
+    for row in rows:
+        row["attributes"] = _loaded(row["attributes"]) if row["attributes"] is not None else {}
+    return rows
+
+
+def newest_rank_seen(engine: sa.Engine) -> float | None:
+    """When the most recently appeared rank of any job was first seen."""
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.max(tables.ranks.c.first_seen))).scalar()

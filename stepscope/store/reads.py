@@ -404,3 +404,24 @@ def read_events_of_kinds(engine: sa.Engine, job_id: str, kinds: Sequence[str]) -
     columns = ["rank", "ts", "kind", "message", "attributes"]
     query = _arrow_select(engine, tables.events, job_id, columns, one_of=("kind", list(kinds)))
     return pl.DataFrame(_fetch(engine, query))
+
+
+def read_otlp_metrics(
+    engine: sa.Engine, job_id: str, *, name: str | None, rank: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """The job's first `limit` OTLP metric points by (name, rank, time), JSON decoded."""
+    t = tables.otlp_metrics
+    query = sa.select(t).where(t.c.job_id == job_id)
+    if name is not None:
+        query = query.where(t.c.name == name)
+    if rank is not None:
+        query = query.where(t.c.rank == rank)
+    query = query.order_by(t.c.name, t.c.rank, t.c.ts, t.c.series).limit(limit)
+    with engine.connect() as conn:
+        rows = [dict(row._mapping) for row in conn.execute(query)]
+    for row in rows:
+        row["attributes"] = json.loads(row.pop("series"))
+        for column in ("bounds", "bucket_counts"):
+            if isinstance(row[column], str):  # written as JSON text by the bulk writer
+                row[column] = json.loads(row[column])
+    return rows

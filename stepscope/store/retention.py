@@ -17,6 +17,7 @@ RAW_TABLES = (
     tables.job_columns,
     cast(sa.Table, tables.IngestBatch.__table__),
     tables.hang_reports,
+    tables.otlp_metrics,
 )
 """What `prune --keep-rollups` deletes: the raw rows, which of their columns hold values and
 the batches' idempotency keys."""

@@ -291,3 +291,24 @@ hang_reports = sa.Table(
     sa.Column("stack_source", sa.String()),
 )
 """Each rank's latest hang report or heartbeat (POST /v1/hangs): one row per (job, rank)."""
+
+# --- OTLP metrics (#25) ------------------------------------------------------------------
+
+otlp_metrics = sa.Table(
+    "otlp_metrics",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("rank", sa.BigInteger(), primary_key=True),
+    sa.Column("name", sa.String(), primary_key=True, comment="the OTLP metric name"),
+    sa.Column("series", sa.String(), primary_key=True, comment="its point attributes, as JSON"),
+    sa.Column("ts", sa.Float(precision=53), primary_key=True, comment="[s]"),
+    sa.Column("kind", sa.String(), nullable=False, comment="gauge, sum or histogram"),
+    sa.Column("unit", sa.String()),
+    sa.Column("value", sa.Float(precision=53), comment="a gauge's or sum's value; histogram sum"),
+    sa.Column("count", sa.BigInteger(), comment="a histogram's count"),
+    sa.Column("min", sa.Float(precision=53)),
+    sa.Column("max", sa.Float(precision=53)),
+    sa.Column("bounds", sa.JSON(), comment="a histogram's explicit bucket bounds"),
+    sa.Column("bucket_counts", sa.JSON()),
+)
+"""OTLP points that are not GPU telemetry, placed in a job and rank (POST /v1/metrics)."""

@@ -92,22 +92,41 @@ _STORED_COUNTS = sa.text(
     "SELECT num_steps, num_collectives, num_gpu, num_events FROM ingest_batches "
     "WHERE job_id = :job_id AND rank = :rank AND incarnation = :incarnation AND seq = :seq"
 )
-_UPSERT_JOB = sa.text(
+_INSERT_JOB_VALUES = (
     "INSERT INTO jobs (job_id, status, started_at, "
     + ", ".join(_MUTABLE_JOB_COLUMNS)
     + ") VALUES (:job_id, COALESCE(:status, 'running'), :started_at, "
     + ", ".join(f":{c}" for c in _MUTABLE_JOB_COLUMNS)
-    + ") ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
+    + ") "
+)
+_JOB_JSON = sa.bindparam("attributes", type_=sa.JSON(none_as_null=True))
+_UPSERT_JOB = sa.text(
+    _INSERT_JOB_VALUES
+    + "ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
     + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
-).bindparams(sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)))
+).bindparams(_JOB_JSON)
+_INSERT_RANK_VALUES = (
+    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, attributes, "
+    "first_seen, last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, "
+    ":mesh, :attributes, :now, :now) "
+)
+_RANK_JSON = (
+    sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)),
+    sa.bindparam("attributes", type_=sa.JSON(none_as_null=True)),
+)
 _UPSERT_RANK = sa.text(
-    "INSERT INTO ranks (job_id, rank, local_rank, node, pid, incarnation, mesh, first_seen, "
-    "last_seen) VALUES (:job_id, :rank, :local_rank, :node, :pid, :incarnation, :mesh, :now, :now) "
-    "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
+    _INSERT_RANK_VALUES
+    + "ON CONFLICT (job_id, rank) DO UPDATE SET local_rank = excluded.local_rank, "
     "node = excluded.node, pid = excluded.pid, incarnation = excluded.incarnation, "
-    "mesh = COALESCE(excluded.mesh, ranks.mesh), last_seen = excluded.last_seen"
-).bindparams(sa.bindparam("mesh", type_=sa.JSON(none_as_null=True)))
-"""A rank's mesh is the latest one it sent (a batch without one keeps it)."""
+    "mesh = COALESCE(excluded.mesh, ranks.mesh), "
+    "attributes = COALESCE(excluded.attributes, ranks.attributes), last_seen = excluded.last_seen"
+).bindparams(*_RANK_JSON)
+"""A rank's mesh and attributes are the latest it sent (a batch without them keeps them)."""
+_INSERT_JOB = sa.text(_INSERT_JOB_VALUES + "ON CONFLICT (job_id) DO NOTHING").bindparams(_JOB_JSON)
+_INSERT_RANK = sa.text(_INSERT_RANK_VALUES + "ON CONFLICT (job_id, rank) DO NOTHING").bindparams(
+    *_RANK_JSON
+)
+"""Relayed rows (attach=True) name a job and rank without speaking for them."""
 
 
 @dataclass(slots=True)
@@ -116,6 +135,10 @@ class _Pending:
     source: dict[str, Any]
     seq: int
     sections: dict[str, dict[str, list[Any]]]
+    attach: bool = False
+    """Rows relayed for a rank (OTLP): the job and rank rows are created if new, never changed."""
+    metrics: dict[str, list[Any]] | None = None
+    """Generic metric points (tables.otlp_metrics columns), stored with the batch."""
     future: Future[WriteResult] = field(default_factory=Future)
 
     @property
@@ -169,9 +192,13 @@ class BatchWriter:
         source: dict[str, Any],
         seq: int,
         sections: dict[str, dict[str, list[Any]]],
+        attach: bool = False,
+        metrics: dict[str, list[Any]] | None = None,
     ) -> Future[WriteResult]:
         """Queue a batch; the future resolves once it is committed (or found duplicate)."""
-        pending = _Pending(job=job, source=source, seq=seq, sections=sections)
+        pending = _Pending(
+            job=job, source=source, seq=seq, sections=sections, attach=attach, metrics=metrics
+        )
         self._queue.put(pending)
         return pending.future
 
@@ -242,12 +269,21 @@ class BatchWriter:
                 results.append(WriteResult(accepted=counts, duplicate=True))
             if not fresh:
                 return results
-            conn.execute(_UPSERT_JOB, _job_params(fresh, now))
-            conn.execute(_UPSERT_RANK, _rank_params(fresh, now))
+            native = [p for p in fresh if not p.attach]
+            if native:
+                conn.execute(_UPSERT_JOB, _job_params(native, now))
+                conn.execute(_UPSERT_RANK, _rank_params(native, now))
+            attached = [p for p in fresh if p.attach]
+            if attached:
+                conn.execute(_INSERT_JOB, _job_params(attached, now))
+                conn.execute(_INSERT_RANK, _rank_params(attached, now))
             for name, table in tables.RECORD_TABLES.items():
                 merged = _concat([p.sections[name] for p in fresh if name in p.sections])
                 if merged:
                     insert_ignoring_duplicates(conn, table, merged)
+            points = _concat([p.metrics for p in fresh if p.metrics])
+            if points:
+                insert_ignoring_duplicates(conn, tables.otlp_metrics, points)
             filled = _filled_columns(fresh)
             if filled:
                 conn.execute(_RECORD_FILLED, filled)
@@ -318,6 +354,7 @@ def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
         key = (p.job["job_id"], p.source["rank"])
         earlier = by_rank.get(key)
         mesh = p.source.get("mesh")
+        attributes = p.source.get("attributes")
         by_rank[key] = {
             "job_id": p.job["job_id"],
             "rank": p.source["rank"],
@@ -326,6 +363,9 @@ def _rank_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
             "pid": p.source.get("pid"),
             "incarnation": p.source["incarnation"],
             "mesh": mesh if mesh is not None or earlier is None else earlier["mesh"],
+            "attributes": attributes
+            if attributes is not None or earlier is None
+            else earlier["attributes"],
             "now": now,
         }
     return list(by_rank.values())

@@ -11,12 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from stepscope.store.engine import make_engine
-from stepscope.store.migrate import upgrade
-from stepscope.store.tokens import create_token
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
-from tests.live_server import RunningServer, run_server
+from tests.live_server import RunningServer, database_with_tokens, run_server
 
 JOB = "dash-secret"
 NAME = "secret-llm-run"
@@ -31,10 +28,7 @@ class Secured:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     db_url = f"sqlite:///{tmp_path_factory.mktemp('dash-auth') / 'stepscope.db'}"
-    engine = make_engine(db_url)
-    upgrade(engine)
-    tokens = {s: create_token(engine, name=s, scopes=[s]) for s in ("read", "ingest")}
-    engine.dispose()
+    tokens = database_with_tokens(db_url, ("read", "ingest"))
     with run_server(db_url, extra_args=["--auth"]) as server:
         job = generate(JobSpec(job_id=JOB, num_ranks=2, num_steps=40, seed=1))
         job.job["name"] = NAME

@@ -71,6 +71,9 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
         return f"handle-{index}"
 
+    def nvmlDeviceGetUUID(self, handle: str) -> str:
+        return f"GPU-0000-{handle}"
+
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
         return self._value("util")
 
@@ -313,3 +316,15 @@ def test_without_a_driver_there_is_no_sampler_and_one_log_line(
 def test_interval_must_be_positive(fake_nvml: FakeNvml) -> None:
     with pytest.raises(ValueError, match="interval_s"):
         GpuSampler.create(interval_s=0, gpu_index=0, emit=lambda row: None)
+
+
+def test_the_device_is_named_by_its_nvml_uuid(fake_nvml: FakeNvml) -> None:
+    assert _sampler().uuid() == "GPU-0000-handle-3"
+
+
+def test_an_unreadable_uuid_is_none(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(handle: str) -> str:
+        raise fake_nvml.NVMLError(fake_nvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetUUID", broken)
+    assert _sampler().uuid() is None

@@ -55,6 +55,7 @@ ROUTES = [
     Route("GET", "/api/v1/jobs/{job_id}/gpu", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/export", "read"),
     Route("GET", "/api/v1/compare", "read"),
+    Route("GET", "/api/v1/jobs/{job_id}/metrics", "read"),
     Route("POST", "/api/v1/jobs/{job_id}/analyze", "ingest"),
     Route("POST", "/v1/ingest", "ingest"),
     Route("DELETE", "/api/v1/jobs/{job_id}", "admin"),
@@ -126,6 +127,32 @@ def test_a_route_needs_a_token_with_its_scope(secured: Secured, route: Route) ->
 @pytest.mark.parametrize("route", ROUTES[:-1], ids=lambda r: f"{r.method} {r.template}")
 def test_an_admin_token_opens_every_route(secured: Secured, route: Route) -> None:
     assert 200 <= call(secured, route, secured.tokens["admin"]).status_code < 300
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "scope", "content_type"),
+    [
+        ("GET", "/metrics", "read", None),
+        ("POST", "/v1/metrics", "ingest", "application/x-protobuf"),
+    ],
+)
+def test_prometheus_and_otlp_routes_need_their_scope(
+    secured: Secured, method: str, path: str, scope: str, content_type: str | None
+) -> None:
+    """/metrics (Prometheus' format) and /v1/metrics (OTLP's) are outside the OpenAPI
+    document, under the same tokens."""
+    url = f"{secured.server.url}{path}"
+    headers = {"Content-Type": content_type} if content_type else {}
+
+    def status(token: str | None) -> int:
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.request(method, url, headers={**headers, **auth}, content=b"").status_code
+
+    assert status(None) == 401
+    wrong = "ingest" if scope == "read" else "read"
+    assert status(secured.tokens[wrong]) == 403
+    assert status(secured.tokens[scope]) == 200
+    assert status(secured.tokens["admin"]) == 200
 
 
 def test_health_and_the_openapi_document_need_no_token(secured: Secured) -> None:

@@ -17,6 +17,7 @@ class Received:
     headers: dict[str, str]
     status: int
     """What the receiver answered."""
+    path: str = "/hook"
 
 
 @dataclass
@@ -49,7 +50,9 @@ def webhook_receiver() -> Iterator[Receiver]:
             with receiver.lock:
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                receiver.requests.append(Received(body=body, headers=headers, status=status))
+                receiver.requests.append(
+                    Received(body=body, headers=headers, status=status, path=self.path)
+                )
             self.send_response(status)
             self.send_header("Content-Length", "2")
             self.end_headers()

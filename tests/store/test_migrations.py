@@ -34,6 +34,7 @@ EXPECTED_TABLES = {
     "analysis_state",
     "webhook_deliveries",
     "job_columns",
+    "otlp_metrics",
     "alembic_version",
 }
 
@@ -191,4 +192,27 @@ def test_hang_reports_migration_creates_and_drops_its_table(empty_db_url: str) -
     assert _rows(engine, "SELECT job_id, rank, kind FROM hang_reports") == [("j", 3, "hang")]
     downgrade(engine, "0005")
     assert "hang_reports" not in sa.inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_otlp_migration_adds_its_table_and_rank_attributes_and_takes_them_back(
+    empty_db_url: str,
+) -> None:
+    engine = make_engine(empty_db_url)
+    upgrade(engine, "0007i")
+    inspector = sa.inspect(engine)
+    assert inspector.get_pk_constraint("otlp_metrics")["constrained_columns"] == [
+        "job_id",
+        "rank",
+        "name",
+        "series",
+        "ts",
+    ]
+    assert "attributes" in {c["name"] for c in inspector.get_columns("ranks")}
+    _insert(engine, "otlp_metrics", job_id="j", rank=1, name="m", series="{}", ts=1.0, kind="gauge")
+    _insert(engine, "ranks", job_id="j", rank=1, node="n", first_seen=1.0, last_seen=1.0)
+    downgrade(engine, "0006")
+    assert "otlp_metrics" not in sa.inspect(engine).get_table_names()
+    assert "attributes" not in {c["name"] for c in sa.inspect(engine).get_columns("ranks")}
+    assert _rows(engine, "SELECT job_id, rank, node FROM ranks") == [("j", 1, "n")]
     engine.dispose()

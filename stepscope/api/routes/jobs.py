@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 
 from stepscope import query
 from stepscope.api.deps import (
+    MAX_RANK,
     NO_NUL,
     AdminAuth,
     EngineDep,
@@ -26,6 +27,7 @@ from stepscope.api.schemas import (
     JobsPage,
     JobStatus,
     JobSummaryRead,
+    MetricPointRead,
     Severity,
 )
 from stepscope.pipeline.job_pass import analyze_stored_job
@@ -97,6 +99,21 @@ def job_summary(engine: EngineDep, job_id: JobIdDep, _auth: ReadAuth) -> JobSumm
 def findings(engine: EngineDep, job_id: JobIdDep, _auth: ReadAuth) -> list[FindingRead]:
     """The job's findings in the order the analysis stored them."""
     return [FindingRead.of(f) for f in query.findings(engine, job_id)]
+
+
+@router.get("/jobs/{job_id}/metrics", summary="A job's OTLP metric points")
+def metric_points(
+    engine: EngineDep,
+    job_id: JobIdDep,
+    _auth: ReadAuth,
+    name: Annotated[str | None, Query(description="Only this metric", pattern=NO_NUL)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="Only this rank")] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000, description="At most this many")] = 1000,
+) -> list[MetricPointRead]:
+    """Points received at POST /v1/metrics other than GPU telemetry (which is in the GPU
+    charts), by metric name, rank and time."""
+    points = query.metric_points(engine, job_id, name=name, rank=rank, limit=limit)
+    return [MetricPointRead.model_validate(p) for p in points]
 
 
 @router.post(
