@@ -244,11 +244,20 @@ class HangMonitor:
         if state.finding is None:
             return old, None
         new = state.finding
+        if old.evidence.get("class") == "silent" and new.ranks == old.ranks:
+            # A frozen rank thawed: its watchdog first reports the stall it lived through,
+            # then progress. It was silent; it does not become "never entered" meanwhile.
+            return old, None
+        kept: dict[str, Any] = {}
+        if new.evidence.get("culprit_stack") is None and new.ranks == old.ranks:
+            # A rank that died or stopped reporting sends no stack: keep the last one known.
+            kept = {k: old.evidence.get(k) for k in ("culprit_stack", "stack_source")}
         updated = replace(
             new,
             detected_at=old.detected_at,
             evidence={
                 **new.evidence,
+                **kept,
                 "opened_ts": opened_ts,
                 "detection_s": old.evidence.get("detection_s"),
             },

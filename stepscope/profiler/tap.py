@@ -226,6 +226,8 @@ class CollectiveTap:
             payload = args[position] if position is not None and position < len(args) else None
             # Positional: keywords cost ~0.5 µs here.
             call = CollectiveCall(op, group, tensors_bytes(payload), self.clock.mark(), None, seq)
+            if seq is None:
+                _number_on_channel(self.groups, call, args)
             self._record(call)
             return call
         except Exception as exc:
@@ -373,9 +375,23 @@ def _is_real(value: Any) -> bool:
     return type(value) is torch.Tensor
 
 
+def _number_on_channel(groups: GroupRegistry, call: CollectiveCall, args: tuple[Any, ...]) -> None:
+    """A send or recv's channel and sequence number on it (send/recv only: a peer is named by
+    its group rank, args[1]; recv_anysource names none), for the hang watchdog."""
+    peer = args[1] if len(args) > 1 else None
+    if type(peer) is not int:
+        return
+    channel = groups.channel(call.group, call.op, peer)
+    if channel is not None:
+        channel.seq += 1
+        call.channel, call.channel_seq = channel, channel.seq
+
+
 def _completed_seq(call: CollectiveCall) -> None:
     if call.seq is not None and call.seq > call.group.completed_seq:
         call.group.completed_seq = call.seq
+    elif call.channel is not None and call.channel_seq > call.channel.completed_seq:
+        call.channel.completed_seq = call.channel_seq
 
 
 def _completed(clock: Clock, call: CollectiveCall, _: Any) -> None:
