@@ -78,7 +78,9 @@ class HangMonitor:
         self._silent_after_s = silent_after_s
         self._debounce_s = debounce_s
         self._on_findings = on_findings
-        self._queue: queue.Queue[tuple[dict[str, Any], Future[None]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[list[dict[str, Any]], Future[None]] | None] = (
+            queue.Queue()
+        )
         self._dirty: dict[str, float] = {}
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
@@ -92,10 +94,11 @@ class HangMonitor:
         self._thread = threading.Thread(target=self._run, name="stepscope-hangs", daemon=True)
         self._thread.start()
 
-    def submit(self, row: dict[str, Any]) -> Future[None]:
-        """Queue a validated report (its hang_reports columns); done once it is stored."""
+    def submit(self, rows: list[dict[str, Any]]) -> Future[None]:
+        """Queue validated reports (their hang_reports columns); done once they are stored,
+        all in one transaction."""
         future: Future[None] = Future()
-        self._queue.put((row, future))
+        self._queue.put((rows, future))
         return future
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -114,7 +117,7 @@ class HangMonitor:
             if item is None:
                 return
             group = [item] if item else []
-            while len(group) < 20_000:
+            while sum(len(rows) for rows, _ in group) < 20_000:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -127,18 +130,20 @@ class HangMonitor:
                 self._store(group)
             self._attribute_due()
 
-    def _store(self, group: list[tuple[dict[str, Any], Future[None]]]) -> None:
+    def _store(self, group: list[tuple[list[dict[str, Any]], Future[None]]]) -> None:
+        rows = [row for submitted, _ in group for row in submitted]
         try:
             with self._engine.begin() as conn:
-                hang_reports.upsert_reports(conn, [row for row, _ in group])
+                hang_reports.upsert_reports(conn, rows)
         except Exception as exc:
-            log.exception("storing %d hang report(s) failed", len(group))
+            log.exception("storing %d hang report(s) failed", len(rows))
             for _, future in group:
                 future.set_exception(exc)
             return
         now = time.monotonic()
-        for row, future in group:
+        for _, future in group:
             future.set_result(None)
+        for row in rows:
             job_id = row["job_id"]
             cached = self._reports.get(job_id)
             if cached is not None:

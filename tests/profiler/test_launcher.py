@@ -126,3 +126,23 @@ def test_signals_to_the_launcher_reach_the_child(tmp_path: Path, signum: int) ->
             proc.kill()
             proc.wait()
     assert received.read_text() == str(int(signum))
+
+
+def test_an_unknown_on_hang_action_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="on_hang must be one of dump-and-exit"):
+        launch(
+            [sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            job_id="j",
+            url=None,
+            token=None,
+            on_hang="reboot",
+        )
+    assert not marker.exists()
+    usage = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "run", "--on-hang", "reboot", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    assert usage.returncode == 2
+    assert "invalid choice: 'reboot'" in usage.stderr
