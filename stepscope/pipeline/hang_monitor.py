@@ -78,9 +78,7 @@ class HangMonitor:
         self._silent_after_s = silent_after_s
         self._debounce_s = debounce_s
         self._on_findings = on_findings
-        self._queue: queue.Queue[tuple[list[dict[str, Any]], Future[None]] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[tuple[list[dict[str, Any]], Future[None]] | None] = queue.Queue()
         self._dirty: dict[str, float] = {}
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
