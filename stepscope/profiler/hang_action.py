@@ -55,6 +55,7 @@ class HangAction:
         self._poll_s = poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepscope-on-hang", daemon=True)
+        self._started_at = time.time()
         self.fired_at: float | None = None
         """When the action began (epoch s); None if it did not."""
         self.flight_recorder_files: list[Path] = []
@@ -96,7 +97,14 @@ class HangAction:
         except (OSError, ValueError):
             return None
         hang = body.get("hang") if isinstance(body, dict) else None
-        return hang if isinstance(hang, dict) else None
+        if not isinstance(hang, dict):
+            return None
+        # A hang stored before this run began is an earlier incarnation's (a restart under
+        # the same job id): ending this run for it would restart the job in a loop.
+        detected_at = hang.get("detected_at")
+        if not isinstance(detected_at, int | float) or detected_at < self._started_at:
+            return None
+        return hang
 
     def _dump_and_exit(self, hang: dict[str, Any]) -> None:
         self.fired_at = time.time()
@@ -127,13 +135,11 @@ class HangAction:
             return []
         # One dump per live rank: each has a stack-dump file while its profiler runs.
         num_ranks = len(list(directory.glob("stepscope-*.txt")))
-        deadline = time.monotonic() + DUMP_WAIT_S
-        dumps: list[Path] = []
-        while time.monotonic() < deadline:
-            dumps = sorted(directory.glob("stepscope-*.fr.pickle"))
-            if num_ranks and len(dumps) >= num_ranks:
-                break
+        deadline = time.monotonic() + (DUMP_WAIT_S if num_ranks else 0.0)
+        dumps = sorted(directory.glob("stepscope-*.fr.pickle"))
+        while len(dumps) < num_ranks and time.monotonic() < deadline:
             time.sleep(0.1)
+            dumps = sorted(directory.glob("stepscope-*.fr.pickle"))
         request.unlink(missing_ok=True)
         where = ", ".join(str(p) for p in dumps) or "none written"
         sys.stderr.write(f"stepscope: flight recorder dumps: {where}\n")
