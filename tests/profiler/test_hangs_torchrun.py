@@ -50,6 +50,9 @@ class Run:
     marks: dict[int, dict[str, float]] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
     """When the driver first saw a stored finding of each class (epoch s)."""
+    open_findings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A class's finding as stored while it was open, every rank listed by state (updates
+    as the hang ends may list fewer: a culprit that woke no longer reports a hang)."""
     returncode: int | None = None
     ended_at: float = 0.0
     """When the launch ended (epoch s)."""
@@ -148,21 +151,36 @@ def main_run(hang_server: RunningServer, tmp_path_factory: pytest.TempPathFactor
     run = Run(job_id="hang-main", out_dir=out)
     proc = start(hang_server, "main", 4, out, run.job_id, on_hang=False)
 
-    def has(hang_class: str) -> bool:
-        found = hang_findings(hang_server, run.job_id)
-        return any(f["evidence"]["class"] == hang_class for f in found)
+    def has(hang_class: str, num_ranks_seen: int = 0) -> bool:
+        """A stored finding of the class whose ranks by state count `num_ranks_seen` ranks
+        (kept in run.open_findings)."""
+        for f in hang_findings(hang_server, run.job_id):
+            if f["evidence"]["class"] == hang_class and ranks_seen(f) >= num_ranks_seen:
+                run.open_findings[hang_class] = f
+                return True
+        return False
 
     try:
+        wait_for("a never_entered hang", lambda: has("never_entered", num_ranks_seen=4), proc)
         freeze = hang_job.FREEZE_RANK
         wait_for("rank 3 froze", lambda: "freeze" in read_marks(out, 4)[freeze], proc)
         run.seen_at["silent"] = wait_for("a silent hang", lambda: has("silent"), proc)
         os.kill(int(read_marks(out, 4)[freeze]["pid"]), signal.SIGCONT)
-        run.seen_at["mismatched"] = wait_for("a mismatched hang", lambda: has("mismatched"), proc)
+        # Named once every rank entered; listed by state once every rank reported a hang.
+        run.seen_at["mismatched"] = wait_for(
+            "a mismatched hang", lambda: has("mismatched", num_ranks_seen=4), proc
+        )
         run.findings = hang_findings(hang_server, run.job_id)
     finally:
         run.marks = read_marks(out, 4)
         end(proc, run)
     return run
+
+
+def ranks_seen(finding: dict[str, Any]) -> int:
+    by_state = finding["evidence"]["ranks_by_state"]
+    waiting = sum(w["num_ranks"] for w in by_state["waiting"].values())
+    return int(waiting + by_state["num_elsewhere"] + by_state["num_silent"])
 
 
 def of_class(run: Run, hang_class: str) -> dict[str, Any]:
@@ -184,7 +202,7 @@ def stall_to_finding_s(finding: dict[str, Any], stall_ts: float, what: str) -> f
 def test_a_data_loader_sleep_names_the_rank_its_peers_wait_for_and_its_stack(
     main_run: Run,
 ) -> None:
-    finding = of_class(main_run, "never_entered")
+    finding = main_run.open_findings["never_entered"]
     evidence = finding["evidence"]
     assert finding["ranks"] == [hang_job.DATA_STALL_RANK]
     assert finding["first_step"] == hang_job.DATA_STALL_AT
@@ -204,7 +222,8 @@ def test_a_data_loader_sleep_names_the_rank_its_peers_wait_for_and_its_stack(
     elapsed_s = stall_to_finding_s(finding, stall_ts, "data-loader sleep")
     assert HANG_AFTER_S <= elapsed_s <= STALL_TO_FINDING_BOUND_S
     # It ended when the rank woke: closed, with the time lost.
-    assert evidence["time_lost_s"] == pytest.approx(hang_job.DATA_STALL_S, abs=2.0)
+    closed = of_class(main_run, "never_entered")["evidence"]
+    assert closed["time_lost_s"] == pytest.approx(hang_job.DATA_STALL_S, abs=2.0)
 
 
 def test_a_mismatched_collective_names_the_odd_rank_and_both_ops(main_run: Run) -> None:
