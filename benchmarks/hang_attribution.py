@@ -1,7 +1,7 @@
 """Hang attribution through HTTP (#19): simulated 3-D parallel jobs (dp x tp x pp) at 1,024
 and 16,384 ranks, hangs of the four classes with 1-3 culprits injected one after another,
-every rank's reports POSTed to a real `stepscope serve` (one report per request, many
-keep-alive connections in parallel).
+every rank's reports POSTed to a real `stepscope serve` (a node's 8 reports per request, as
+a list, or with --one-per-request one each; many keep-alive connections in parallel).
 
 Per hang: every rank's heartbeat of a job making progress (which closes the previous hang),
 the heartbeats live ranks send while stalled, then every rank's hang report. Printed: top-1
@@ -40,9 +40,20 @@ from tests.support import fresh_postgres_database  # noqa: E402
 LAYOUTS = {1024: Layout(dp=16, tp=8, pp=8), 16384: Layout(dp=64, tp=8, pp=32)}
 
 
+BY_NODE = True
+"""POST a node's reports together (a list), as a node-level sender would; else one a request."""
+
+
 async def post_all(conns: list[Conn], docs: list[dict[str, Any]]) -> float:
-    """POST every report (gzip JSON), spread over the connections; wall time of the last answer."""
-    bodies = [gzip.compress(orjson.dumps(d), 1) for d in docs]
+    """POST every report (gzip JSON; a node's together under BY_NODE), spread over the
+    connections; wall time of the last answer."""
+    if BY_NODE:
+        by_node: dict[Any, list[dict[str, Any]]] = {}
+        for d in docs:
+            by_node.setdefault(d["node"], []).append(d)
+        bodies = [gzip.compress(orjson.dumps(group), 1) for group in by_node.values()]
+    else:
+        bodies = [gzip.compress(orjson.dumps(d), 1) for d in docs]
 
     async def drain(conn: Conn, share: list[bytes]) -> None:
         for body in share:
@@ -76,7 +87,7 @@ def ranks_seen(f: schema.Finding) -> int:
     return waiting + by_state["num_elsewhere"] + by_state["num_silent"]
 
 
-def wait_until(check: Any, timeout_s: float, poll_s: float = 0.01) -> float | None:
+def wait_until(check: Any, timeout_s: float, poll_s: float = 0.02) -> float | None:
     """Wall time at which `check()` first held; None after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -164,6 +175,12 @@ def run_scale(
             if not (ok and f.ranks == hang.culprits and e["class"] == hang_class):
                 out["wrong"].append((k, hang_class, f.ranks[:4], hang.culprits[:4], e["op"]))
             prev_since = e["since_ts"]
+            if (k + 1) % 50 == 0:  # running figures, in case the run is cut short
+                print(
+                    f"  {world_size} ranks, {k + 1} hangs so far: top-1 {out['top1']}, "
+                    f"collective {out['coll']}, max latency {max(out['lat']):.3f} s",
+                    flush=True,
+                )
         for c in conns:
             c.close()
 
@@ -248,8 +265,16 @@ def main() -> None:
     parser.add_argument("--in-process-16384", type=int, default=100)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
+    parser.add_argument(
+        "--one-per-request",
+        action="store_true",
+        help="one report per request (default: a node's 8 ranks per request)",
+    )
     args = parser.parse_args()
-    print(f"hang attribution through HTTP ({'PostgreSQL' if args.postgres else 'SQLite'})")
+    global BY_NODE
+    BY_NODE = not args.one_per_request
+    how = "one report per request" if args.one_per_request else "a node's reports per request"
+    print(f"hang attribution through HTTP ({'PostgreSQL' if args.postgres else 'SQLite'}, {how})")
     print(
         f"{'ranks':>6} {'hangs':>5} {'top-1':>7} {'exact set':>9} {'class':>7} "
         f"{'collective':>10} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'closed':>6} {'lost ok':>7} "

@@ -2,7 +2,9 @@
 collective, and how the hang came about.
 
 A blocked rank in group g at sequence number s waits for the members of g whose last
-enqueued sequence number is below s (research §3). Following these edges from the ranks
+enqueued sequence number is below s (research §3). A send or recv is blocked in its
+channel, a two-member group ("{group}:{src}>{dst}") whose members count their own sends
+and recvs: the k-th recv waits for the sender's k-th send. Following these edges from the ranks
 that report a hang ends at roots: ranks that are not blocked in any collective (never
 entered: their stack says where they are) or that stopped reporting (silent). Where every
 member of g entered, the members either called different collectives (mismatched) or the
@@ -338,10 +340,14 @@ def _walk(
     return culprits, pending, explained
 
 
+_P2P = frozenset({"send", "recv"})
+
+
 def _signature(job: _Job, rank: int) -> tuple[str, int | None]:
+    """What must agree at one point: the op and payload (a send matches its recv)."""
     blocked = job.by_rank[rank].blocked
     assert blocked is not None
-    return blocked.op, blocked.bytes
+    return ("send/recv" if blocked.op in _P2P else blocked.op), blocked.bytes
 
 
 def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit]:

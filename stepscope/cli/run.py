@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from stepscope.profiler.hang_action import ON_HANG_ACTIONS
 from stepscope.profiler.launcher import launch
 
 HELP = "Run a training command (e.g. torchrun …) with the job's stepscope environment."
@@ -17,7 +18,7 @@ def parser() -> argparse.ArgumentParser:
     """The options of `stepscope run`; what follows them (or `--`) is the command."""
     p = argparse.ArgumentParser(
         prog="stepscope run",
-        usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] -- CMD…",
+        usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] [--on-hang ACTION] -- CMD…",
         description=HELP,
     )
     p.add_argument(
@@ -27,6 +28,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", help="The collector (default: $STEPSCOPE_URL)")
     p.add_argument("--token", help="A token with the ingest scope (default: $STEPSCOPE_TOKEN)")
+    p.add_argument(
+        "--on-hang",
+        choices=ON_HANG_ACTIONS,
+        default=None,
+        help="On a hang the server confirms: dump-and-exit dumps the ranks' flight recorders, "
+        "then ends the command with SIGTERM so that the scheduler restarts it (default: off; "
+        "the token needs the read scope too)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="The command to run, after --")
     return p
 
@@ -39,7 +48,9 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write("error: no command given; usage: stepscope run [--job-id ID] -- CMD…\n")
         return 2
     try:
-        return launch(command, job_id=args.job_id, url=args.url, token=args.token)
+        return launch(
+            command, job_id=args.job_id, url=args.url, token=args.token, on_hang=args.on_hang
+        )
     except OSError as exc:
         sys.stderr.write(f"error: cannot run {command[0]!r}: {exc.strerror or exc}\n")
         return 127

@@ -1,5 +1,6 @@
-"""`POST /v1/hangs`: a rank's hang report or heartbeat (#19), validated whole, stored as the
-rank's latest and attributed at once (stepscope.pipeline.hang_monitor)."""
+"""`POST /v1/hangs`: a rank's hang report or heartbeat (#19), or a list of them (a node's
+ranks), validated whole, stored as each rank's latest and attributed at once
+(stepscope.pipeline.hang_monitor)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from stepscope import schema
 from stepscope.collector.ingest import read_body_limited
 from stepscope.collector.validate import BatchError, decode_body
 
+MAX_REPORTS = 1024
+"""Reports in one request (a node's ranks sent together); the body limit still applies."""
 MAX_FRONTIERS = 64
 MAX_STACK_FRAMES = 256
 MAX_TEXT_CHARS = 1024
@@ -137,8 +140,26 @@ def parse_report(doc: Any, *, received_at: float) -> dict[str, Any]:
     return row
 
 
+def parse_reports(doc: Any, *, received_at: float) -> list[dict[str, Any]]:
+    """One report, or a list of them (a node's ranks at once), validated whole: BatchError
+    naming the first bad report and field, and then none is stored."""
+    if not isinstance(doc, list):
+        return [parse_report(doc, received_at=received_at)]
+    if not doc:
+        raise BatchError("the list of reports is empty")
+    if len(doc) > MAX_REPORTS:
+        raise BatchError(f"more than {MAX_REPORTS} reports in one request", status=413)
+    rows = []
+    for i, one in enumerate(doc):
+        try:
+            rows.append(parse_report(one, received_at=received_at))
+        except BatchError as exc:
+            raise BatchError(f"reports[{i}]: {exc}", status=exc.status) from exc
+    return rows
+
+
 async def hangs(request: Request) -> Response:
-    """Store a rank's report as its latest and attribute the job's hang soon after."""
+    """Store ranks' reports as their latest and attribute the job's hang soon after."""
     request.app.state.authorize(request, "ingest")
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
@@ -149,11 +170,13 @@ async def hangs(request: Request) -> Response:
         doc = decode_body(
             body, content_encoding=request.headers.get("content-encoding"), max_bytes=max_bytes
         )
-        row = parse_report(doc, received_at=time.time())
+        rows = parse_reports(doc, received_at=time.time())
     except BatchError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
-    await asyncio.wrap_future(request.app.state.hang_monitor.submit(row))
-    request.app.state.metrics.batch_stored("/v1/hangs", {"hang_reports": 1}, duplicate=False)
+    await asyncio.wrap_future(request.app.state.hang_monitor.submit(rows))
+    request.app.state.metrics.batch_stored(
+        "/v1/hangs", {"hang_reports": len(rows)}, duplicate=False
+    )
     return Response(orjson.dumps({"ok": True}), media_type="application/json")
 
 

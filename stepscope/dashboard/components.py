@@ -79,12 +79,14 @@ def cards(items: Sequence[tuple[str, str]]) -> html.Div:
     return html.Div([card(label, value) for label, value in items], className="cards")
 
 
-def section(title: str, *children: Any, note: str | None = None) -> html.Section:
+def section(
+    title: str, *children: Any, note: str | None = None, hidden: bool = False
+) -> html.Section:
     """A titled block of the page."""
     head: list[Any] = [html.H3(title)]
     if note:
         head.append(html.P(note, className="note"))
-    return html.Section([*head, *children], className="section")
+    return html.Section([*head, *children], className="section", hidden=hidden)
 
 
 def graph(component_id: str, figure: Any) -> dcc.Graph:

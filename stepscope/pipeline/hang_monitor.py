@@ -79,7 +79,7 @@ class HangMonitor:
         self._silent_after_s = silent_after_s
         self._debounce_s = debounce_s
         self._on_findings = on_findings
-        self._queue: queue.Queue[tuple[dict[str, Any], Future[None]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[list[dict[str, Any]], Future[None]] | None] = queue.Queue()
         self._dirty: dict[str, float] = {}
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
@@ -93,10 +93,11 @@ class HangMonitor:
         self._thread = threading.Thread(target=self._run, name="stepscope-hangs", daemon=True)
         self._thread.start()
 
-    def submit(self, row: dict[str, Any]) -> Future[None]:
-        """Queue a validated report (its hang_reports columns); done once it is stored."""
+    def submit(self, rows: list[dict[str, Any]]) -> Future[None]:
+        """Queue validated reports (their hang_reports columns); done once they are stored,
+        all in one transaction."""
         future: Future[None] = Future()
-        self._queue.put((row, future))
+        self._queue.put((rows, future))
         return future
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -115,7 +116,7 @@ class HangMonitor:
             if item is None:
                 return
             group = [item] if item else []
-            while len(group) < 20_000:
+            while sum(len(rows) for rows, _ in group) < 20_000:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -128,21 +129,23 @@ class HangMonitor:
                 self._store(group)
             self._attribute_due()
 
-    def _store(self, group: list[tuple[dict[str, Any], Future[None]]]) -> None:
+    def _store(self, group: list[tuple[list[dict[str, Any]], Future[None]]]) -> None:
+        rows = [row for submitted, _ in group for row in submitted]
         try:
             with self._engine.begin() as conn:
-                hang_reports.upsert_reports(conn, [row for row, _ in group])
+                hang_reports.upsert_reports(conn, rows)
         except Exception as exc:
             if is_unavailable(exc):  # the request answers 503; the rank reports again
                 OUTAGES.unavailable(exc)
             else:
-                log.exception("storing %d hang report(s) failed", len(group))
+                log.exception("storing %d hang report(s) failed", len(rows))
             for _, future in group:
                 future.set_exception(exc)
             return
         now = time.monotonic()
-        for row, future in group:
+        for _, future in group:
             future.set_result(None)
+        for row in rows:
             job_id = row["job_id"]
             cached = self._reports.get(job_id)
             if cached is not None:
@@ -251,11 +254,20 @@ class HangMonitor:
         if state.finding is None:
             return old, None
         new = state.finding
+        if old.evidence.get("class") == "silent" and new.ranks == old.ranks:
+            # A frozen rank thawed: its watchdog first reports the stall it lived through,
+            # then progress. It was silent; it does not become "never entered" meanwhile.
+            return old, None
+        kept: dict[str, Any] = {}
+        if new.evidence.get("culprit_stack") is None and new.ranks == old.ranks:
+            # A rank that died or stopped reporting sends no stack: keep the last one known.
+            kept = {k: old.evidence.get(k) for k in ("culprit_stack", "stack_source")}
         updated = replace(
             new,
             detected_at=old.detected_at,
             evidence={
                 **new.evidence,
+                **kept,
                 "opened_ts": opened_ts,
                 "detection_s": old.evidence.get("detection_s"),
             },

@@ -33,6 +33,10 @@ class CollectiveCall:
     """DDP gradients: exposed from the last bucket's start to the last bucket's end."""
     count: int = 1
     """Collectives this call stands for (DdpStepTimer: the step's buckets)."""
+    channel: GroupInfo | None = None
+    """send/recv: the channel to or from its peer (GroupRegistry.channel)."""
+    channel_seq: int = 0
+    """send/recv: its sequence number on the channel."""
 
 
 Record = Callable[[CollectiveCall], None]

@@ -31,6 +31,8 @@ class GroupInfo:
     """Collectives issued in this group so far (send/recv not counted: they are pairwise)."""
     completed_seq: int = 0
     """The highest sequence number seen completed (the group's completed frontier)."""
+    members: list[int] | None = None
+    """Global ranks by group rank (send/recv name their peer by group rank); None if unknown."""
 
 
 class GroupRegistry:
@@ -45,6 +47,10 @@ class GroupRegistry:
         """Group name → the mesh dimension it spans."""
         self.mesh: dict[str, list[int]] = {}
         """This rank's mesh coordinates: dimension → [coordinate, size]."""
+        self.channels: dict[tuple[str, str, int], GroupInfo] = {}
+        """(group, op, peer's group rank) → the point-to-point channel (see `channel`)."""
+        self._parents: dict[str, str] = {}
+        """Channel name → the name of the group it belongs to."""
 
     def of(self, pg: Any) -> GroupInfo:
         """The group of a ProcessGroup object (looked up once per group)."""
@@ -66,6 +72,34 @@ class GroupRegistry:
 
             info = self.of(_resolve_process_group(name))  # type: ignore[arg-type]
         return info
+
+    def channel(self, group: GroupInfo, op: str, peer: int) -> GroupInfo | None:
+        """The channel of a send or recv: the messages one rank sends another in `group`,
+        named "{group}:{src}>{dst}" by global ranks. Both ends count their own calls on it,
+        so the k-th send and the k-th recv carry the same sequence number (None when the
+        peer's global rank is unknown)."""
+        key = (group.name, op, peer)
+        found = self.channels.get(key)
+        if found is not None:
+            return found
+        members = group.members
+        if not members or not 0 <= peer < len(members):
+            return None
+        me, other = dist.get_rank(), members[peer]
+        src, dst = (me, other) if op == "send" else (other, me)
+        name = f"{group.name}:{src}>{dst}"
+        found = GroupInfo(name=name, size=2, ranks=compact_ranks(sorted({src, dst})))
+        self.channels[key] = found
+        self._parents[name] = group.name
+        return found
+
+    def all_groups(self) -> list[GroupInfo]:
+        """The process groups and the point-to-point channels seen so far."""
+        return [*self.by_name.values(), *self.channels.values()]
+
+    def mesh_dim(self, name: str) -> str | None:
+        """The mesh dimension a group (or a channel's group) spans, if labelled."""
+        return self.mesh_dims.get(self._parents.get(name, name))
 
     def add_mesh(self, mesh: Any) -> bool:
         """Label a DeviceMesh's groups with its dimension names and note this rank's
@@ -106,4 +140,6 @@ def _describe(pg: Any) -> GroupInfo:
         members = dist.get_process_group_ranks(pg)
     except Exception:  # not a group registered with c10d: its members are unknown
         members = []
-    return GroupInfo(name=_name_of(pg), size=_size_of(pg), ranks=compact_ranks(members))
+    return GroupInfo(
+        name=_name_of(pg), size=_size_of(pg), ranks=compact_ranks(members), members=members
+    )

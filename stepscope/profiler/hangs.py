@@ -72,6 +72,16 @@ def dump_file_name(job_id: str, rank: int, pid: int) -> str:
     return f"stepscope-{safe_job_id}-rank{rank}-{pid}.txt"
 
 
+FLIGHT_RECORDER_REQUEST = "dump-flight-recorder.request"
+"""A file `stepscope run` writes in the dump directory: each rank's watchdog then dumps its
+flight recorder next to it (its --on-hang action)."""
+
+
+def flight_recorder_file_name(job_id: str, rank: int, pid: int) -> str:
+    """Where a rank dumps its flight recorder (the pickle torch's fr_trace tool reads)."""
+    return dump_file_name(job_id, rank, pid).replace(".txt", ".fr.pickle")
+
+
 def dump_header(identity: dict[str, Any], main_thread_id: int) -> str:
     """The first line of a rank's dump file: who wrote it and which thread is the training one."""
     return _HEADER_PREFIX + json.dumps({**identity, "main_thread": f"0x{main_thread_id:x}"}) + "\n"

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from .dump_watcher import DumpWatcher
+from .hang_action import ON_HANG_ACTIONS, HangAction
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -39,20 +40,41 @@ def child_env(
     return env
 
 
-def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: str | None) -> int:
+def launch(
+    cmd: Sequence[str],
+    *,
+    job_id: str | None,
+    url: str | None,
+    token: str | None,
+    on_hang: str | None = None,
+) -> int:
     """Run `cmd` with the profiler's settings, forwarding SIGINT/SIGTERM; return its exit code.
 
-    A child killed by signal N gives 128 + N, as a shell reports it.
+    A child killed by signal N gives 128 + N, as a shell reports it. With
+    `on_hang="dump-and-exit"`, a hang the server confirms ends the command after the ranks
+    dumped their flight recorders (hang_action.py); the exit code is then never 0.
     """
     if not cmd:
         raise ValueError(
             "no command to run: pass it after `--`, e.g. stepscope run -- torchrun ..."
         )
+    if on_hang is not None and on_hang not in ON_HANG_ACTIONS:
+        raise ValueError(f"on_hang must be one of {', '.join(ON_HANG_ACTIONS)}, got {on_hang!r}")
     env = child_env(cmd, job_id=job_id, url=url, token=token)
     watcher = _start_dump_watcher(env)
     child = subprocess.Popen(list(cmd), env=env)
     if watcher is not None:
         watcher.children.add(child.pid)
+    action = None
+    if on_hang is not None and env.get("STEPSCOPE_URL"):
+        action = HangAction(
+            child,
+            url=env["STEPSCOPE_URL"],
+            job_id=env["STEPSCOPE_JOB_ID"],
+            token=env.get("STEPSCOPE_TOKEN"),
+            dump_dir=watcher.dump_dir if watcher is not None else None,
+        )
+        action.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_sent_it_to_the_child_too():
@@ -69,6 +91,8 @@ def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: st
     try:
         returncode = child.wait()
     finally:
+        if action is not None:
+            action.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if watcher is not None:
@@ -76,7 +100,10 @@ def launch(cmd: Sequence[str], *, job_id: str | None, url: str | None, token: st
             watcher.stop()
             if watcher.owns_dir:
                 _remove_if_empty(watcher.dump_dir)
-    return 128 - returncode if returncode < 0 else returncode
+    code = 128 - returncode if returncode < 0 else returncode
+    if action is not None and action.fired_at is not None and code == 0:
+        return 1  # ended for a hang: the scheduler must not take it for a finished job
+    return code
 
 
 def _start_dump_watcher(env: dict[str, str]) -> DumpWatcher | None:

@@ -224,6 +224,8 @@ class CollectiveTap:
                     )
                     # Positional: keywords cost ~0.5 µs here.
                     call = CollectiveCall(op, group, tensors_bytes(payload), tap._mark(), None, seq)
+                    if seq is None:
+                        _number_on_channel(tap.groups, call, args)
                     calls = tap.calls
                     if len(calls) < tap.max_calls:
                         calls.append(call)
@@ -370,9 +372,7 @@ class CollectiveTap:
                     call.waits.append((start, end))
                 if call.end is None:
                     call.end = end
-                    seq = call.seq
-                    if seq is not None and seq > call.group.completed_seq:
-                        call.group.completed_seq = seq
+                    _completed_seq(call)
                 elif self._on_cpu and start <= call.end < end:
                     # Completed while this thread sat in the wait: it was busy until the
                     # thread resumed (the backend's thread stamped it earlier).
@@ -458,9 +458,23 @@ class CollectiveTap:
         return wait_tensor
 
 
+def _number_on_channel(groups: GroupRegistry, call: CollectiveCall, args: tuple[Any, ...]) -> None:
+    """A send or recv's channel and sequence number on it (send/recv only: a peer is named by
+    its group rank, args[1]; recv_anysource names none), for the hang watchdog."""
+    peer = args[1] if len(args) > 1 else None
+    if type(peer) is not int:
+        return
+    channel = groups.channel(call.group, call.op, peer)
+    if channel is not None:
+        channel.seq += 1
+        call.channel, call.channel_seq = channel, channel.seq
+
+
 def _completed_seq(call: CollectiveCall) -> None:
     if call.seq is not None and call.seq > call.group.completed_seq:
         call.group.completed_seq = call.seq
+    elif call.channel is not None and call.channel_seq > call.channel.completed_seq:
+        call.channel.completed_seq = call.channel_seq
 
 
 def _completed(clock: Clock, call: CollectiveCall, _: Any) -> None:

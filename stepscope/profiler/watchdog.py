@@ -31,11 +31,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .hangs import (
     CLOSED_MARK,
+    FLIGHT_RECORDER_REQUEST,
     HANG_SCHEMA_VERSION,
     Frame,
     ReportKind,
     dump_file_name,
     dump_header,
+    flight_recorder_file_name,
     hangs_endpoint,
     last_report_path,
     post_report,
@@ -137,6 +139,7 @@ class Watchdog:
         self._blocked_call: Any = None
         self._blocked_since_ts: float | None = None
         self._delivery_error: str | None = None
+        self._flight_recorder_dumped = False
         self.num_reports: dict[str, int] = {"heartbeat": 0, "hang": 0}
         """Reports acknowledged by the server, by kind (for tests and benchmarks)."""
 
@@ -185,6 +188,7 @@ class Watchdog:
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
                 self._rearm(now, threshold_s)
+                self._serve_flight_recorder_request()
                 stalled_s = now - self._last_progress
                 if stalled_s >= threshold_s:
                     if not hung or now >= next_report:
@@ -202,7 +206,7 @@ class Watchdog:
     def _observe(self, now: float) -> TrainingState:
         """Read the training thread's state; note progress and step cycle times."""
         state = self._state()
-        completed = tuple(info.completed_seq for info in list(self._groups.by_name.values()))
+        completed = tuple(info.completed_seq for info in self._groups.all_groups())
         signature = (
             state.step,
             state.ended_step,
@@ -252,24 +256,27 @@ class Watchdog:
         stalled_s = max(0.0, now - self._last_progress)
         call = self._blocked_call
         blocked = None
-        if call is not None and call.seq is not None:  # send/recv have no sequence number
+        # A send or recv waits in its channel, which counts that pair's messages.
+        group, seq = (call.group, call.seq) if call is not None else (None, None)
+        if call is not None and seq is None and call.channel is not None:
+            group, seq = call.channel, call.channel_seq
+        if call is not None and group is not None and seq is not None:
             blocked = {
-                "group": call.group.name,
+                "group": group.name,
                 "op": call.op,
-                "seq": call.seq,
+                "seq": seq,
                 "since_ts": _round(self._blocked_since_ts),
                 "bytes": call.num_bytes,
             }
-        mesh_dims = self._groups.mesh_dims
         unfinished = self._unfinished_on_device()
-        groups = list(self._groups.by_name.values())
+        groups = self._groups.all_groups()
         if len(groups) > MAX_FRONTIERS:  # the groups in flight first, then the busiest
             groups.sort(key=lambda g: (g.seq > g.completed_seq, g.seq), reverse=True)
             groups = groups[:MAX_FRONTIERS]
         frontiers = [
             {
                 "group": info.name,
-                "mesh_dim": mesh_dims.get(info.name),
+                "mesh_dim": self._groups.mesh_dim(info.name),
                 "group_ranks": info.ranks,
                 "size": info.size,
                 "enqueued": info.seq,
@@ -318,6 +325,22 @@ class Watchdog:
         elif self._delivery_error is None:
             log.warning("stepscope: hang report not delivered to %s: %s", self._endpoint, error)
             self._delivery_error = error
+
+    # ---- the flight recorder, on `stepscope run --on-hang dump-and-exit`'s request -----------
+
+    def _serve_flight_recorder_request(self) -> None:
+        """Dump c10d's flight recorder once, when `stepscope run` asks for it (a file in the
+        dump directory) before it ends the job."""
+        path = self._dump_path
+        if self._flight_recorder_dumped or path is None:
+            return
+        if not (path.parent / FLIGHT_RECORDER_REQUEST).exists():
+            return
+        self._flight_recorder_dumped = True
+        name = flight_recorder_file_name(
+            str(self._identity["job_id"]), int(self._identity["rank"]), os.getpid()
+        )
+        dump_flight_recorder(path.parent / name)
 
     # ---- faulthandler: the stack when this thread cannot run -------------------------------
 
@@ -378,6 +401,22 @@ class Watchdog:
                     marked.write(CLOSED_MARK)
         except OSError:
             log.debug("stepscope: could not tidy the dump file", exc_info=True)
+
+
+def dump_flight_recorder(path: Path) -> bool:
+    """Write c10d's flight recorder (its collectives, without stack traces: those take the
+    GIL and seconds) to `path`, atomically; False when it could not."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+        data = _dump_fr_trace(includeCollectives=True, includeStackTraces=False)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    except Exception as exc:  # no flight recorder in this build, a full disk...
+        log.warning("stepscope: could not dump the flight recorder to %s: %s", path, exc)
+        return False
+    return True
 
 
 def lowest_unfinished_seqs(

@@ -14,6 +14,7 @@ from stepscope.query.exports import MEDIA_TYPES as EXPORT_MEDIA_TYPES
 from stepscope.query.exports import TABLES as EXPORT_TABLES
 from stepscope.query.exports import export
 from stepscope.query.gpu import GpuSeries, gpu_series
+from stepscope.query.hangs import open_hang, open_hangs
 from stepscope.query.heatmaps import METRICS as HEATMAP_METRICS
 from stepscope.query.heatmaps import STATS as HEATMAP_STATS
 from stepscope.query.heatmaps import Heatmap, decode_values, heatmap
@@ -76,6 +77,8 @@ __all__ = [
     "job_summary",
     "metric_points",
     "list_jobs",
+    "open_hang",
+    "open_hangs",
     "rank_groups",
     "rank_table",
     "step_band",

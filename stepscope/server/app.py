@@ -21,8 +21,8 @@ from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
-from stepscope.server import unavailable
 from stepscope.schema import Finding
+from stepscope.server import unavailable
 from stepscope.server.auth import Authorizer, TokenCache
 from stepscope.server.metrics import RequestMetrics, build_metrics
 from stepscope.server.metrics import route as metrics_route

@@ -238,6 +238,15 @@ def read_findings(engine: sa.Engine, job_id: str) -> list[dict[str, Any]]:
         return [dict(row) for row in rows]
 
 
+def read_recent_hang_findings(engine: sa.Engine, limit: int) -> list[dict[str, Any]]:
+    """The `limit` newest hang findings of every job, as rows (`id` and schema.FINDINGS's
+    columns), newest first (open or closed: evidence.closed_at says)."""
+    t = tables.findings
+    query = sa.select(t).where(t.c.kind == "hang").order_by(t.c.id.desc()).limit(limit)
+    with engine.connect() as conn:
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+
 def rank_seen(engine: sa.Engine, job_id: str, rank: int) -> bool:
     """Whether `rank` of the job has sent a batch."""
     r = tables.ranks

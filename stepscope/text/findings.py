@@ -203,6 +203,11 @@ def _hang_detail(f: Finding) -> str:
     )
 
 
+def hang_sentence(f: Finding) -> str:
+    """An open hang in words: "Hang: rank 2 never entered dp all_reduce #31, 12s"."""
+    return f"Hang: {_line_subject(f)} {_hang_detail(f)}"
+
+
 def _line_cause(f: Finding) -> str:
     """What caused a throughput change: "cause rank 5", "cause node-0001" (its node), "cause
     slow all_reduce", "cause data stall", or "job-wide"."""

@@ -160,3 +160,64 @@ def test_resumed_needs_a_later_heartbeat_past_the_hung_step() -> None:
 def test_rank_spans_are_sorted_runs() -> None:
     assert rank_spans([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert rank_spans(range(0, 10, 2), max_spans=2) == "0,2,..."
+
+
+def _pipeline_report(
+    rank: int, kind: str, blocked: dict[str, Any] | None, frontiers: list[dict[str, Any]]
+) -> RankReport:
+    return RankReport.of(
+        {
+            "rank": rank,
+            "ts": TS + 5,
+            "kind": kind,
+            "step": 8,
+            "blocked": blocked,
+            "frontiers": frontiers,
+            "stack": DATA_STACK if blocked is None else WAIT_STACK,
+        }
+    )
+
+
+def _channel(name: str, ranks: str, enqueued: int, completed: int) -> dict[str, Any]:
+    return {
+        "group": name,
+        "mesh_dim": "pp",
+        "group_ranks": ranks,
+        "size": 2,
+        "enqueued": enqueued,
+        "completed": completed,
+    }
+
+
+def test_a_recv_waits_for_the_sender_on_its_channel() -> None:
+    # 3 stages: stage 1 stalled before its 9th send to stage 2 and its 9th recv of gradients
+    # from it; stage 2 waits in that recv, stage 0 in its recv of stage 1's 9th gradient.
+    forward = lambda e, c: _channel("0:1>2", "1-2", e, c)  # noqa: E731
+    backward = lambda e, c: _channel("0:1>0", "0-1", e, c)  # noqa: E731
+    recv = {"op": "recv", "seq": 9, "since_ts": TS + 1, "bytes": 64}
+    reports = [
+        _pipeline_report(0, "hang", {"group": "0:1>0", **recv}, [backward(9, 8)]),
+        _pipeline_report(1, "hang", None, [forward(8, 8), backward(8, 8)]),
+        _pipeline_report(2, "hang", {"group": "0:1>2", **recv}, [forward(9, 8)]),
+    ]
+    f = attribute_hang("p", reports, silent_after_s=6.0).finding
+    assert f is not None
+    assert f.ranks == [1]
+    assert f.evidence["class"] == "never_entered"
+    assert f.evidence["group"] == "pp"
+    assert (f.evidence["op"], f.evidence["seq"]) == ("recv", 9)
+    assert f.evidence["group_name"] in ("0:1>0", "0:1>2")
+
+
+def test_a_send_and_its_recv_stuck_together_are_not_a_mismatch() -> None:
+    send = {"group": "0:0>1", "op": "send", "seq": 4, "since_ts": TS + 1, "bytes": 64}
+    recv = {**send, "op": "recv"}
+    channel = [_channel("0:0>1", "0-1", 4, 3)]
+    reports = [
+        _pipeline_report(0, "hang", send, channel),
+        _pipeline_report(1, "hang", recv, channel),
+    ]
+    f = attribute_hang("p", reports, silent_after_s=6.0).finding
+    assert f is not None
+    assert f.evidence["class"] == "not_completing"
+    assert f.ranks == [0, 1]

@@ -191,3 +191,24 @@ def test_bad_reports_are_rejected_naming_the_field_and_nothing_is_stored(
     assert good.status_code == 200, good.text
     (row,) = read_rows(server.db_url, "hang_reports", "job-bad")
     assert (row["rank"], row["kind"], row["blocked"]["seq"]) == (3, "hang", 31)
+
+
+def test_a_nodes_reports_in_one_request_are_stored_together_or_not_at_all(
+    server: RunningServer,
+) -> None:
+    node = [{**copy.deepcopy(GOOD), "job_id": "job-node", "rank": r} for r in range(8)]
+    spoiled = copy.deepcopy(node)
+    spoiled[5]["stack"][0].pop("function")
+    response = httpx.post(f"{server.url}/v1/hangs", json=spoiled, timeout=30)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("reports[5]: stack[0].function")
+    assert read_rows(server.db_url, "hang_reports", "job-node") == []
+    for bad, status in (([], 422), ([GOOD] * 1025, 413)):
+        assert httpx.post(f"{server.url}/v1/hangs", json=bad, timeout=30).status_code == status
+    assert read_rows(server.db_url, "hang_reports", None) == []
+    response = httpx.post(f"{server.url}/v1/hangs", json=node, timeout=30)
+    assert response.status_code == 200, response.text
+    rows = read_rows(server.db_url, "hang_reports", "job-node")
+    assert sorted((r["rank"], r["kind"], r["blocked"]["seq"]) for r in rows) == [
+        (r, "hang", 31) for r in range(8)
+    ]

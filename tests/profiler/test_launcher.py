@@ -126,3 +126,57 @@ def test_signals_to_the_launcher_reach_the_child(tmp_path: Path, signum: int) ->
             proc.kill()
             proc.wait()
     assert received.read_text() == str(int(signum))
+
+
+def test_an_unknown_on_hang_action_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="on_hang must be one of dump-and-exit"):
+        launch(
+            [sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            job_id="j",
+            url=None,
+            token=None,
+            on_hang="reboot",
+        )
+    assert not marker.exists()
+    usage = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "run", "--on-hang", "reboot", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    assert usage.returncode == 2
+    assert "invalid choice: 'reboot'" in usage.stderr
+
+
+def test_on_hang_leaves_a_run_alone_for_a_hang_stored_before_it_began() -> None:
+    """A restarted job keeps its job id: the earlier incarnation's open hang must not end it."""
+    import random
+
+    import httpx
+
+    from stepscope.synthetic.hangs import Layout, heartbeats, inject
+    from tests.collector.test_hangs import send
+    from tests.live_server import run_server
+
+    layout, now = Layout(dp=2, tp=2, pp=1), time.time()
+    with run_server() as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        send(client, heartbeats(layout, "restarted", ts=now - 5, step=3, base_seq=10))
+        hang = inject(
+            layout, "restarted", "never_entered", 1, ts=now - 4, step=3, base_seq=10,
+            rng=random.Random(1), hang_after_s=2.0,
+        )  # fmt: skip
+        send(client, hang.reports)
+        deadline = time.monotonic() + 20
+        while client.get("/api/v1/jobs/restarted/hang").json()["hang"] is None:
+            assert time.monotonic() < deadline, "the earlier hang was not stored"
+            time.sleep(0.2)
+        started = time.monotonic()
+        code = launch(
+            [sys.executable, "-c", "import time; time.sleep(3)"],
+            job_id="restarted",
+            url=server.url,
+            token=None,
+            on_hang="dump-and-exit",
+        )
+    assert code == 0
+    assert time.monotonic() - started >= 3.0

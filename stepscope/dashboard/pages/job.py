@@ -12,6 +12,7 @@ from stepscope import figures, query
 from stepscope.dashboard import components as ui
 from stepscope.dashboard import context, data, ids, live
 from stepscope.dashboard.gestures import clicked_rank, step_range
+from stepscope.dashboard.hangs import hang_banner, hang_panel
 from stepscope.query.goodput import JobGoodput
 from stepscope.text.goodput import top_badput
 from stepscope.text.labels import component, mesh_dim
@@ -81,8 +82,10 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
             kind="error",
         )
     s = page.summary
+    hang = query.open_hang(page.findings)
     return html.Div(
         [
+            hang_banner(ids.JOB_HANG_BANNER, [(job_id, hang)] if hang else [], links=False),
             dcc.Store(id=ids.JOB_ID, data=job_id),
             dcc.Store(id=ids.JOB_LIVE_STATE, data=live.initial_state(page)),
             dcc.Store(id=ids.JOB_HEATMAP_ZOOM),
@@ -107,6 +110,12 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
             ),
             html.Div(live.status_note(s), id=ids.JOB_STATUS_NOTE),
             html.Div(live.header_cards(s), id=ids.JOB_CARDS),
+            ui.section(
+                "Hang",
+                html.Div(hang_panel(job_id, hang), id=ids.JOB_HANG),
+                note="Ranks by state while the job hangs, then the stacks, the culprit's first.",
+                hidden=hang is None,
+            ),
             ui.section(
                 "Findings",
                 html.Div(ui.findings_list(job_id, page.findings), id=ids.JOB_FINDINGS),

@@ -12,6 +12,7 @@ from dash import Input, Output, State, dcc, html
 from stepscope import query
 from stepscope.dashboard import context, data, ids
 from stepscope.dashboard.components import job_href, message
+from stepscope.dashboard.hangs import hang_banner
 from stepscope.text import numbers
 
 BLOCK_ROWS = 100
@@ -54,8 +55,10 @@ def layout(**_query: str) -> html.Div:
             "stepscope.init(job_id=..., url=<this server>) in the training script, or run "
             "`stepscope demo`.",
         )
+    hangs = query.open_hangs(context.engine())
     return html.Div(
         [
+            hang_banner(ids.JOBS_HANGS, [(f.job_id, f) for f in hangs], links=True),
             html.H1("Jobs"),
             html.Div(
                 [
