@@ -199,7 +199,7 @@ def test_otlp_migration_adds_its_table_and_rank_attributes_and_takes_them_back(
     empty_db_url: str,
 ) -> None:
     engine = make_engine(empty_db_url)
-    upgrade(engine, "0007i")
+    upgrade(engine, "0007")
     inspector = sa.inspect(engine)
     assert inspector.get_pk_constraint("otlp_metrics")["constrained_columns"] == [
         "job_id",

@@ -1,6 +1,6 @@
 """otlp_metrics: OTLP points other than GPU telemetry, per job and rank; ranks.attributes (#25)
 
-Revision ID: 0007i
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-03 08:00:00
 """
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007i"
+revision: str = "0007"
 down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
