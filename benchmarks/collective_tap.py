@@ -116,7 +116,7 @@ def segment(
         tap.remove()
     if prof is not None:
         prof.close()
-    return wall_s, cpu_s, len(records), sum(len(r.waits) for r in records)
+    return wall_s, cpu_s, len(records), sum(len(r.waits or ()) for r in records)
 
 
 def measure(backend: str, args: Any, url: str, queue: Any) -> None:
