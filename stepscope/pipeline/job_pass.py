@@ -56,8 +56,9 @@ _SEGMENTS_PER_READ = 8
 
 
 FindingsHook = Callable[[str, list[schema.Finding]], None]
-"""Called after a pass stored a job's findings, with its warning and critical ones (the
-webhook sender): it must return at once; an error in it is logged, never raised."""
+"""Called after a pass stored a job's findings, with all of them (the webhook sender keeps
+the warning and critical ones, the OTLP exporter all): it must return at once; an error in
+it is logged, never raised."""
 
 
 class RawRowsPrunedError(RuntimeError):
@@ -250,7 +251,7 @@ class JobAnalyzer:
         if self.on_findings is None:
             return
         try:
-            self.on_findings(self.job_id, [f for f in findings if f.severity != "info"])
+            self.on_findings(self.job_id, findings)
         except Exception:
             log.exception("the findings hook failed for job %s", self.job_id)
 

@@ -110,6 +110,7 @@ class WebhookSender:
 
     def offer(self, job_id: str, findings: list[Finding]) -> None:
         """Queue a job's current warning/critical findings; never blocks (the FindingsHook)."""
+        findings = [f for f in findings if f.severity != "info"]
         if not findings:
             return
         try:

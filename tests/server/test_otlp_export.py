@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
@@ -135,6 +138,21 @@ def test_findings_no_longer_reported_or_ended_are_closed(db_url: str) -> None:
         ("opened", [3]),
         ("closed", [3]),
     ]
+
+
+def test_info_findings_are_exported_at_info_severity_and_not_sent_to_webhooks(
+    db_url: str,
+) -> None:
+    engine = make_engine(db_url)
+    info = dataclasses.replace(straggler(4), severity="info")
+    with webhook_receiver() as sink:
+        exporter = OtlpEventExporter(engine, sink.url, interval_s=60)
+        exporter.pass_findings("job-x", [info])
+        exporter.stop()
+    engine.dispose()
+    [(_, record, attributes)] = records(sink.requests)
+    assert (record.severity_number, record.severity_text) == (SeverityNumber.INFO.value, "info")
+    assert attributes["stepscope.finding.ranks"] == [4]
 
 
 def test_an_unreachable_endpoint_breaks_neither_ingest_nor_analysis(db_url: str) -> None:
