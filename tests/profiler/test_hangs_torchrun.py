@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pickle
 import signal
@@ -269,12 +270,22 @@ def test_sigcont_closes_the_hang_with_the_time_lost(main_run: Run) -> None:
 def test_no_hang_on_a_slow_first_step_a_checkpoint_phase_or_clean_steps(main_run: Run) -> None:
     # Only the three injected hangs: none from the slow first step, the 6 s checkpoint
     # phase (the other ranks waited for rank 0 in an all_reduce meanwhile) or clean steps.
-    assert sorted(f["evidence"]["class"] for f in main_run.findings) == [
-        "mismatched",
-        "never_entered",
-        "silent",
+    # On a loaded machine a hang may be stored under a passing class first while the ranks'
+    # reports catch up (seen once: not_completing), so every finding must start inside an
+    # injected hang, and each injected class must be there.
+    classes = {f["evidence"]["class"] for f in main_run.findings}
+    assert {"mismatched", "never_entered", "silent"} <= classes
+    marks = main_run.marks
+    data_stall = marks[hang_job.DATA_STALL_RANK]["data_stall"]
+    injected = [
+        (data_stall, data_stall + hang_job.DATA_STALL_S),
+        (marks[hang_job.FREEZE_RANK]["freeze"], marks[hang_job.FREEZE_RANK]["thawed"]),
+        (min(m["mismatch"] for m in marks.values()), math.inf),
     ]
-    first_injected = main_run.marks[hang_job.DATA_STALL_RANK]["data_stall"]
+    for finding in main_run.findings:
+        since_ts = finding["evidence"]["since_ts"]
+        assert any(start - 0.5 <= since_ts <= end for start, end in injected), finding
+    first_injected = data_stall
     assert min(f["evidence"]["since_ts"] for f in main_run.findings) >= first_injected - 0.5
     assert main_run.marks[0]["checkpoint"] < first_injected
     assert main_run.marks[0]["slow_first_step"] < first_injected
