@@ -307,7 +307,12 @@ def _walk(
             complete.append(point)
         for m in missing:
             report = job.by_rank.get(m)
-            if report is not None and report.blocked is not None and m not in silent:
+            if (
+                report is not None
+                and report.blocked is not None
+                and m not in silent
+                and not _older_than(report, job, point)
+            ):
                 if m not in visited:
                     visited.add(m)
                     queue.append(m)
@@ -326,18 +331,28 @@ def _walk(
                 pending.append(m)
         elif m in silent:
             culprits.append(_Culprit(m, "silent", point))
-        elif report.kind == "hang" and report.ts > cutoff:
-            culprits.append(_Culprit(m, "never_entered", point))
-        elif report.phase is not None:
-            explained.append(m)
-        elif report.ts >= job.point_since(point):
-            culprits.append(_Culprit(m, "never_entered", point))
-        else:
+        elif _older_than(report, job, point):
             pending.append(m)
+        elif report.phase is not None and not (report.kind == "hang" and report.ts > cutoff):
+            explained.append(m)
+        else:
+            culprits.append(_Culprit(m, "never_entered", point))
     if not roots:
         for point in sorted(complete):
-            culprits.extend(_complete_point(job, point, silent))
+            found = _complete_point(job, point, silent)
+            if found is None:  # the last member just arrived: the collective may be completing
+                pending.extend(r for r in job.at_point[point] if job.by_rank[r].kind != "hang")
+            else:
+                culprits.extend(found)
     return culprits, pending, explained
+
+
+def _older_than(report: RankReport, job: _Job, point: Point) -> bool:
+    """Whether the report was made before its peers began to wait at `point`, so it cannot
+    say where the rank is now (a heartbeat sent steps ago may still show it blocked in an
+    earlier collective its peers have long completed): the rank is pending until it reports
+    again, or silent."""
+    return report.ts < job.point_since(point)
 
 
 _P2P = frozenset({"send", "recv"})
@@ -350,9 +365,10 @@ def _signature(job: _Job, rank: int) -> tuple[str, int | None]:
     return ("send/recv" if blocked.op in _P2P else blocked.op), blocked.bytes
 
 
-def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit]:
+def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit] | None:
     """Culprits at a collective every member entered: a minority signature, silent members,
-    or the whole group."""
+    or the whole group once every member waited in it past its threshold (None before:
+    a member that arrived last reports a heartbeat, and the collective may be completing)."""
     members = sorted(job.members(point[0]))
     quiet = [m for m in members if m in silent]
     if quiet:
@@ -366,6 +382,8 @@ def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit]
             _signature(job, r) for r in blocked if signatures[_signature(job, r)] == top
         )
         return [_Culprit(r, "mismatched", point) for r in blocked if _signature(job, r) != majority]
+    if any(job.by_rank[r].kind != "hang" for r in blocked):
+        return None
     return [_Culprit(m, "not_completing", point) for m in members]
 
 

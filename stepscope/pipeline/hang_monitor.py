@@ -254,9 +254,7 @@ class HangMonitor:
         if state.finding is None:
             return old, None
         new = state.finding
-        if old.evidence.get("class") == "silent" and new.ranks == old.ranks:
-            # A frozen rank thawed: its watchdog first reports the stall it lived through,
-            # then progress. It was silent; it does not become "never entered" meanwhile.
+        if _culprit_rejoined(old, new):
             return old, None
         kept: dict[str, Any] = {}
         if new.evidence.get("culprit_stack") is None and new.ranks == old.ranks:
@@ -275,3 +273,19 @@ class HangMonitor:
         hang_reports.save_hang(conn, updated, stored.id)
         changed = any(getattr(old, k) != getattr(updated, k) for k in _IDENTITY)
         return updated, updated if changed else None
+
+
+def _culprit_rejoined(old: schema.Finding, new: schema.Finding) -> bool:
+    """Whether the named culprit is back, so the hang is ending and keeps its name until
+    progress closes it.
+
+    A frozen rank that thaws first reports the stall it lived through (it was silent; it
+    does not become "never entered"), and a late rank that enters the collective makes
+    every member look stuck in it for a moment ("not completing"). A refinement while
+    reports catch up (a late rank turns out to call another op: "mismatched") still
+    updates the finding.
+    """
+    old_class, new_class = old.evidence.get("class"), new.evidence.get("class")
+    if old_class == "silent" and new.ranks == old.ranks:
+        return True
+    return new_class == "not_completing" and old_class != "not_completing"

@@ -97,6 +97,60 @@ def test_a_culprit_not_heard_from_since_its_peers_blocked_is_pending() -> None:
     assert state.pending == [culprit]
 
 
+def test_a_heartbeat_from_steps_ago_showing_an_earlier_collective_is_stale() -> None:
+    # A rank's last heartbeat caught it in the all_reduce of step 18 (seq 19); it then ran to
+    # step 24 between heartbeats and froze before sending another, while its peers block in
+    # seq 25. The old heartbeat says nothing of now: pending, then silent; never "every rank
+    # stuck in seq 19", which its peers completed long ago.
+    layout = Layout(dp=4, tp=1, pp=1)
+    frozen, seqs = 3, {"tp": (25, 24), "dp": (25, 24), "pp": (25, 24)}
+    blocked = {"group": layout.dp_group(0), "op": "all_reduce", "seq": 25, "since_ts": TS + 0.2}
+    peers = [
+        report(layout, "j", r, ts=TS + 2.2, kind="hang", step=24, seqs=seqs, blocked=blocked)
+        for r in range(3)
+    ]
+    old = dict.fromkeys(("tp", "dp", "pp"), (19, 18))
+    in_seq_19 = {**blocked, "seq": 19, "since_ts": TS - 0.01}
+    last = report(
+        layout, "j", frozen, ts=TS, kind="heartbeat", step=18, seqs=old, blocked=in_seq_19
+    )
+
+    state = attribute_hang("j", latest([last], peers), silent_after_s=4.0)
+    assert state.hanging
+    assert (state.finding, state.pending) == (None, [frozen])
+
+    later = attribute_hang("j", latest([last], peers), silent_after_s=4.0, now_ts=TS + 4.5)
+    assert later.finding is not None
+    assert (later.finding.ranks, later.finding.evidence["class"]) == ([frozen], "silent")
+    assert later.finding.evidence["seq"] == 25
+
+
+def test_the_last_member_arriving_is_not_a_collective_that_does_not_complete() -> None:
+    # Three ranks waited 6 s in seq 9 for a rank in a checkpoint; it arrives, and its
+    # heartbeat shows it in seq 9 too: the collective is completing, not stuck (yet).
+    layout = Layout(dp=4, tp=1, pp=1)
+    seqs = {"tp": (9, 8), "dp": (9, 8), "pp": (9, 8)}
+    blocked = {"group": layout.dp_group(0), "op": "all_reduce", "seq": 9, "since_ts": TS}
+    waited = [
+        report(layout, "j", r, ts=TS + 6, kind="hang", step=8, seqs=seqs, blocked=blocked)
+        for r in range(1, 4)
+    ]
+    arrived = {**blocked, "since_ts": TS + 6.0}
+    beat = report(layout, "j", 0, ts=TS + 6.1, kind="heartbeat", step=8, seqs=seqs, blocked=arrived)
+
+    state = attribute_hang("j", latest(waited, [beat]), silent_after_s=4.0)
+    assert (state.finding, state.pending) == (None, [0])
+
+    # It stays there past its own threshold: every member waits, the collective is stuck.
+    stuck = {**beat, "kind": "hang", "ts": TS + 8.1}
+    later = attribute_hang("j", latest(waited, [stuck]), silent_after_s=4.0)
+    assert later.finding is not None
+    assert (later.finding.ranks, later.finding.evidence["class"]) == (
+        [0, 1, 2, 3],
+        "not_completing",
+    )
+
+
 def test_checkpoint_phase_explains_the_wait() -> None:
     layout = LAYOUTS[1024]
     base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)

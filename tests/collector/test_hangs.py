@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from stepscope.synthetic.hangs import DATA_STACK, Layout, heartbeats, inject
+from stepscope.synthetic.hangs import DATA_STACK, Layout, heartbeats, inject, report
 from tests.live_server import RunningServer, read_rows, run_server
 from tests.server.webhook_receiver import Receiver, webhook_receiver
 
@@ -106,6 +106,20 @@ def test_hang_is_stored_named_notified_and_closed_on_progress(
         assert sent["finding"]["kind"] == "hang"
         assert sent["finding"]["ranks"] == [culprit]
         assert "hang" in sent["text"]
+
+        # The culprit enters the collective at last: for a moment every member waits in it,
+        # which is how the hang ends, not a new culprit (all four "not completing").
+        seqs = {"tp": (101, 100), "dp": (100, 100), "pp": (100, 100)}
+        blocked = {"group": hang.group, "op": "all_reduce", "seq": 101, "since_ts": TS + 11.5}
+        entered = report(
+            LAYOUT, "job-h", culprit, ts=TS + 11.6, kind="hang", step=30, seqs=seqs, blocked=blocked
+        )
+        last = send(client, [entered])
+        doc = wait_for_hang(client, "job-h", lambda d: (d["attributed_at"] or 0) > last)
+        assert (doc["hang"]["ranks"], doc["hang"]["evidence"]["class"]) == (
+            [culprit],
+            "never_entered",
+        )
 
         # Progress resumes: heartbeats of step 31, 20 s after the culprit stalled.
         resume = heartbeats(LAYOUT, "job-h", ts=TS + 22, step=31, base_seq=102)

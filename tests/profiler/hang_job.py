@@ -4,6 +4,8 @@
 in its data loader, rank 3 frozen by SIGSTOP (the test sends SIGCONT), then rank 1 calling
 all_gather where its peers call all_reduce (the job then hangs until the test ends it).
 `--scenario pipeline` (3 ranks): GPipe stages; stage 1 stalls in its forward for good.
+`--scenario stall` (benchmarks/hang_detection.py): steps of --step-s; rank 2 stalls in its data
+loader for good at step 10.
 Each rank writes {when each stall began, its pid} to OUT/rank{r}.json as it goes.
 """
 
@@ -32,6 +34,7 @@ DATA_STALL_AT, DATA_STALL_RANK, DATA_STALL_S = 16, 2, 7.0
 FREEZE_AT, FREEZE_RANK = 24, 3
 MISMATCH_AT, MISMATCH_RANK = 32, 1
 PIPELINE_STALL_AT, PIPELINE_STALL_STAGE = 8, 1
+STALL_AT = 10
 
 
 class Marks:
@@ -98,6 +101,20 @@ def main_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, num_steps: 
                 dist.all_reduce(batch)
 
 
+def stall_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, step_s: float) -> None:
+    """Steps of `step_s` (one all_reduce each); rank DATA_STALL_RANK sleeps in its data
+    loader before step STALL_AT until the job is ended."""
+    for step in range(STALL_AT + 1):
+        with prof.step():
+            with prof.section("data"):
+                if step == STALL_AT and rank == DATA_STALL_RANK:
+                    marks.mark("data_stall")
+                    sleeps_in_the_data_loader(3600.0)
+            with prof.section("forward"):
+                time.sleep(step_s)
+            dist.all_reduce(torch.ones(64))
+
+
 def stage_stalls_in_its_forward(seconds: float) -> None:
     time.sleep(seconds)
 
@@ -145,18 +162,22 @@ def pipeline_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, num_ste
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--scenario", choices=("main", "pipeline"), required=True)
+    p.add_argument("--scenario", choices=("main", "pipeline", "stall"), required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--hang-after-s", type=float, required=True)
-    p.add_argument("--heartbeat-s", type=float, required=True)
+    p.add_argument("--step-s", type=float, default=1.0, help="the stall scenario's step time")
+    p.add_argument("--hang-after-s", type=float, help="default: stepscope's adaptive threshold")
+    p.add_argument("--heartbeat-s", type=float, help="default: stepscope's")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     marks = Marks(args.out, rank)
-    prof = stepscope.init(hang_after_s=args.hang_after_s, heartbeat_s=args.heartbeat_s)
+    settings = {"hang_after_s": args.hang_after_s, "heartbeat_s": args.heartbeat_s}
+    prof = stepscope.init(**{k: v for k, v in settings.items() if v is not None})
     if args.scenario == "main":
         main_scenario(prof, rank, marks, args.steps)
+    elif args.scenario == "stall":
+        stall_scenario(prof, rank, marks, args.step_s)
     else:
         pipeline_scenario(prof, rank, marks, args.steps)
     marks.mark("done")

@@ -175,6 +175,7 @@ def main_run(hang_server: RunningServer, tmp_path_factory: pytest.TempPathFactor
     finally:
         run.marks = read_marks(out, 4)
         end(proc, run)
+    say(f"hangs stored: {summary(run)}")
     return run
 
 
@@ -185,8 +186,32 @@ def ranks_seen(finding: dict[str, Any]) -> int:
 
 
 def of_class(run: Run, hang_class: str) -> dict[str, Any]:
-    [finding] = [f for f in run.findings if f["evidence"]["class"] == hang_class]
-    return finding
+    found = [f for f in run.findings if f["evidence"]["class"] == hang_class]
+    assert len(found) == 1, f"{len(found)} {hang_class} hangs among {summary(run)}"
+    return found[0]
+
+
+def summary(run: Run) -> list[tuple[Any, ...]]:
+    """Each stored hang as (class, ranks, first step, since, closed), times from the
+    first mark: what a failure shows."""
+    t0 = min((t for m in run.marks.values() for k, t in m.items() if k != "pid"), default=0.0)
+    marks = {
+        r: {k: round(t - t0, 2) for k, t in m.items() if k != "pid"} for r, m in run.marks.items()
+    }
+    out: list[tuple[Any, ...]] = [("marks", marks)]
+    for f in run.findings:
+        e = f["evidence"]
+        closed = e.get("closed_at")
+        out.append(
+            (
+                e["class"],
+                f["ranks"],
+                f["first_step"],
+                round(e["since_ts"] - t0, 2),
+                None if closed is None else round(closed - t0, 2),
+            )
+        )
+    return out
 
 
 def say(line: str) -> None:
@@ -284,7 +309,7 @@ def test_no_hang_on_a_slow_first_step_a_checkpoint_phase_or_clean_steps(main_run
     ]
     for finding in main_run.findings:
         since_ts = finding["evidence"]["since_ts"]
-        assert any(start - 0.5 <= since_ts <= end for start, end in injected), finding
+        assert any(start - 0.5 <= since_ts <= end for start, end in injected), summary(main_run)
     first_injected = data_stall
     assert min(f["evidence"]["since_ts"] for f in main_run.findings) >= first_injected - 0.5
     assert main_run.marks[0]["checkpoint"] < first_injected

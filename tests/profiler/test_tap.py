@@ -374,7 +374,8 @@ def overlapped_async(rank: int, port: int, queue: Any) -> None:
             time.sleep(0.5)  # the caller's own work, which the transfer overlaps
             work.wait()
             unwaited = dist.all_reduce(torch.ones(8), async_op=True)  # never waited
-            time.sleep(0.1)
+            while not unwaited.is_completed():  # the peer may issue it late on a busy machine
+                time.sleep(0.01)
             tap.observe()  # the next boundary sees it completed
             unwaited.get_future().wait()
         finally:
