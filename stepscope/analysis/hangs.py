@@ -294,6 +294,13 @@ def _walk(
     complete: list[Point] = []
     seen_points: set[Point] = set()
     queue = [r for r in hang_ranks if job.by_rank[r].blocked is not None]
+    stalled_elsewhere = {r for r in hang_ranks if job.by_rank[r].blocked is None}
+    if stalled_elsewhere:
+        # A rank stalled outside any collective says so at its threshold; its peers, which
+        # came to the next collective later, may only have sent heartbeats so far.
+        for point, ranks in job.at_point.items():
+            if stalled_elsewhere.intersection(job.missing(point)):
+                queue.extend(r for r in ranks if r not in silent)
     visited = set(queue)
     while queue:
         blocked = job.by_rank[queue.pop()].blocked

@@ -151,6 +151,43 @@ def test_the_last_member_arriving_is_not_a_collective_that_does_not_complete() -
     )
 
 
+def test_a_rank_stalled_past_its_threshold_is_named_before_its_peers_report() -> None:
+    # Rank 2 stalls in its data loader; its peers reached the all_reduce a second later, so
+    # when rank 2 reports its hang they have only sent heartbeats showing them waiting.
+    layout = Layout(dp=4, tp=1, pp=1)
+    seqs = {"tp": (11, 10), "dp": (11, 10), "pp": (11, 10)}
+    blocked = {"group": layout.dp_group(0), "op": "all_reduce", "seq": 11, "since_ts": TS + 1}
+    waiting = [
+        report(layout, "j", r, ts=TS + 1.5, kind="heartbeat", step=10, seqs=seqs, blocked=blocked)
+        for r in (0, 1, 3)
+    ]
+    before = dict.fromkeys(("tp", "dp", "pp"), (10, 10))
+    stalled = report(
+        layout,
+        "j",
+        2,
+        ts=TS + 2.1,
+        kind="hang",
+        step=10,
+        seqs=before,
+        stack=DATA_STACK,
+        stalled_s=2.1,
+    )
+
+    state = attribute_hang("j", latest(waiting, [stalled]), silent_after_s=6.0)
+    f = state.finding
+    assert f is not None
+    assert (f.ranks, f.evidence["class"], f.evidence["op"], f.evidence["seq"]) == (
+        [2],
+        "never_entered",
+        "all_reduce",
+        11,
+    )
+    assert f.evidence["since_ts"] == pytest.approx(TS)
+    # Without a rank past its threshold, heartbeats of ranks waiting are no hang.
+    assert not attribute_hang("j", latest(waiting), silent_after_s=6.0).hanging
+
+
 def test_checkpoint_phase_explains_the_wait() -> None:
     layout = LAYOUTS[1024]
     base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
