@@ -40,6 +40,7 @@ __all__ = [
     "Incarnation",
     "Lifecycles",
     "as_dict",
+    "default_window_s",
     "goodput",
     "hang_windows",
     "ideal_step_s",

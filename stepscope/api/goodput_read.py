@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from stepscope.analysis.goodput import Goodput
 from stepscope.query.goodput import JobGoodput
+from stepscope.schema import GOODPUT_CATEGORIES
 
 
 class CategoryRead(BaseModel):
@@ -48,6 +49,18 @@ class RankGoodputRead(BaseModel):
     categories: dict[str, CategoryRead]
 
 
+class WindowRead(BaseModel):
+    """One window of the job's wall time: its GPU-time by category."""
+
+    start: float
+    """Epoch seconds."""
+    end: float
+    gpu_s: float
+    """The job's GPU-time inside the window (world size × its part of the job's span)."""
+    categories: dict[str, float]
+    """GPU-seconds per category; they add up to gpu_s."""
+
+
 class GoodputRead(BaseModel):
     """A job's goodput (docs/goodput.md): every GPU-second in one category."""
 
@@ -69,6 +82,11 @@ class GoodputRead(BaseModel):
     """Category → the ranks (or node), cause or exception behind it."""
     ranks: dict[int, RankGoodputRead] | None
     """Per rank, with per_rank=true."""
+    window_s: float | None
+    """The windows' length, seconds."""
+    windows: list[WindowRead]
+    """Goodput over time: consecutive windows from the job's start; restarts are the
+    incarnations' started_at."""
 
 
 def _categories(values: dict[str, float], total_s: float) -> dict[str, CategoryRead]:
@@ -122,4 +140,20 @@ def goodput_read(answer: JobGoodput) -> GoodputRead:
         ranks=None
         if answer.ranks is None
         else {rank: _rank_read(g) for rank, g in answer.ranks.items()},
+        window_s=answer.window_s,
+        windows=_windows(answer),
     )
+
+
+def _windows(answer: JobGoodput) -> list[WindowRead]:
+    if answer.windows is None:
+        return []
+    return [
+        WindowRead(
+            start=row["start"],
+            end=row["end"],
+            gpu_s=row["gpu_s"],
+            categories={c: row[c] for c in GOODPUT_CATEGORIES},
+        )
+        for row in answer.windows.iter_rows(named=True)
+    ]

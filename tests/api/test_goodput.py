@@ -4,6 +4,7 @@ sent through the wire protocol, against its known truth."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,6 +88,36 @@ def test_goodput_of_a_restarted_job_matches_its_truth(server: RunningServer) -> 
             assert rank_doc["goodput"] == pytest.approx(doc["goodput"], abs=0.01)
 
         assert client.get("/api/v1/jobs/nope/goodput").status_code == 404
+        _assert_windows(client, doc)
+
+
+def _assert_windows(client: httpx.Client, doc: dict[str, Any]) -> None:
+    """Goodput over time: the default windows cover the job and add up to its totals; 5 s
+    windows inside the restart's downtime hold restart downtime alone."""
+    span_s = doc["ended_at"] - doc["started_at"]
+    default = doc["windows"]
+    assert doc["window_s"] > 0 and len(default) == math.ceil(span_s / doc["window_s"] - 1e-9)
+    assert len(default) <= 100
+    assert default[0]["start"] == pytest.approx(doc["started_at"])
+    assert sum(w["gpu_s"] for w in default) == pytest.approx(doc["total_gpu_s"], rel=1e-9)
+    for category in GOODPUT_CATEGORIES:
+        in_windows = sum(w["categories"][category] for w in default)
+        assert in_windows == pytest.approx(doc["categories"][category]["gpu_s"], abs=1e-6)
+    five = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": 5}).json()
+    assert five["window_s"] == 5.0
+    down_from = doc["incarnations"][0]["ended_at"]
+    down_to = doc["incarnations"][1]["started_at"]
+    assert down_to - down_from == pytest.approx(40.0, abs=5.0)
+    inside = [w for w in five["windows"] if w["start"] >= down_from and w["end"] <= down_to]
+    assert len(inside) >= 6
+    for w in inside:
+        assert w["categories"]["restart_downtime"] == pytest.approx(w["gpu_s"], rel=1e-9)
+        assert w["gpu_s"] == pytest.approx(4 * 5.0)
+    for bad in ("0", "-3", "soon"):
+        response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": bad})
+        assert response.status_code == 422 and "window_s" in response.text
+    response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": 0.001})
+    assert response.status_code == 422 and "window_s" in response.json()["detail"]
 
 
 def test_a_lifecycle_event_missing_an_attribute_is_refused_whole(server: RunningServer) -> None:

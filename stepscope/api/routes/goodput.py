@@ -20,7 +20,11 @@ def job_goodput_route(
     job_id: JobIdDep,
     _auth: ReadAuth,
     per_rank: Annotated[bool, Query(description="Add every rank's categories")] = False,
+    window_s: Annotated[
+        float | None,
+        Query(gt=0, description="Length of the windows over time, seconds (default: ~100)"),
+    ] = None,
 ) -> GoodputRead:
     """Totals, categories (GPU-seconds and share), Google's three layers, per incarnation,
-    and per rank on request."""
-    return goodput_read(job_goodput(engine, job_id, per_rank=per_rank))
+    over time (consecutive windows), and per rank on request."""
+    return goodput_read(job_goodput(engine, job_id, per_rank=per_rank, window_s=window_s))
