@@ -52,6 +52,7 @@ __all__ = [
     "without_lifecycle",
 ]
 
+
 @dataclass(kw_only=True, slots=True)
 class Incarnation:
     """One run of the job's processes, between two restarts."""
@@ -253,8 +254,8 @@ def goodput(
                     & (pl.col("ts") < starts[k])
                 )
                 kept_s = rerun_s * (num_rerun - num_lost) / num_rerun
-                for c, v in rerun_split(earlier, n_k, kept_s, ideal, config).items():
-                    ledger.add(cats, c, v, rerun_from, first_stored)
+                for c, gpu_s in rerun_split(earlier, n_k, kept_s, ideal, config).items():
+                    ledger.add(cats, c, gpu_s, rerun_from, first_stored)
             tail = n_k * max(0.0, end - last_end)
             if k_hangs:
                 ledger.add(cats, "hang", tail, last_end, end)
@@ -267,8 +268,8 @@ def goodput(
             rerun_s = n_k * end - first_ts_sum - _phases_between(phases, stepping, end)
             earlier = steps.filter(pl.col("ts") < starts[k])
             rerun_from = float(stepping["first_step_ts"].min())  # type: ignore[arg-type]
-            for c, v in rerun_split(earlier, n_k, rerun_s, ideal, config).items():
-                ledger.add(cats, c, v, rerun_from, end)
+            for c, gpu_s in rerun_split(earlier, n_k, rerun_s, ideal, config).items():
+                ledger.add(cats, c, gpu_s, rerun_from, end)
         # Declared phases: their own category, out of the window they fell in.
         mine = phase_inc == k
         if mine.any():
@@ -456,6 +457,8 @@ def windows(result: Goodput, window_s: float | None = None) -> pl.DataFrame:
 
 def within(result: Goodput, since: float, until: float) -> dict[str, float]:
     """The job's GPU-seconds inside [since, until): gpu_s and every category's."""
+    # Clipped to the job's span first: the same sums, without far-off edges' rounding.
+    since, until = max(since, result.started_at), min(until, result.ended_at)
     if not math.isfinite(result.started_at) or until <= since:
         return dict.fromkeys(("gpu_s", *GOODPUT_CATEGORIES), 0.0)
     frame = windowed(

@@ -154,7 +154,7 @@ def rerun_split(
     of kept progress by n ranks, split as the earlier run's time was (a stall in them is hang
     again); beyond what the earlier run took, the excess is warm-up (compilation)."""
     rerun_s = max(0.0, rerun_s)
-    out = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
+    out: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     per_rank = earlier.with_columns(
         (pl.col(c) / pl.col("num_ranks") * n).alias(c)
         for c in ("step_s_sum", "data_s_sum", "comm_wait_s_sum", "transfer_s_sum")

@@ -109,7 +109,7 @@ def windowed(
     lo, hi = edges[:-1], edges[1:]
     inside = np.clip(np.minimum(hi, ended_at) - np.maximum(lo, started_at), 0.0, None)
     columns: dict[str, Floats] = {"start": lo, "end": hi, "gpu_s": num_lanes * inside}
-    placed = 0.0
+    placed = np.zeros(lo.shape)
     for c in GOODPUT_CATEGORIES:
         if c != "unaccounted":
             columns[c] = ledger.placed(c, edges)

@@ -1,4 +1,5 @@
-"""The goodput response models (#20): what GET /api/v1/jobs/{id}/goodput answers."""
+"""The goodput response models (#20): what GET /api/v1/jobs/{id}/goodput and the fleet view
+GET /api/v1/goodput answer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel
 
 from stepscope.analysis.goodput import Goodput
 from stepscope.query.goodput import JobGoodput
+from stepscope.query.goodput_fleet import FleetGoodput
 from stepscope.schema import GOODPUT_CATEGORIES
 
 
@@ -157,3 +159,66 @@ def _windows(answer: JobGoodput) -> list[WindowRead]:
         )
         for row in answer.windows.iter_rows(named=True)
     ]
+
+
+class FleetCategoryRead(BaseModel):
+    """One category's GPU-time over the fleet."""
+
+    gpu_hours: float
+    share: float
+    """Of the window's GPU-time over all jobs, 0..1."""
+
+
+class FleetJobRead(BaseModel):
+    """One job's GPU-time inside the window."""
+
+    job_id: str
+    name: str | None
+    world_size: int
+    gpu_hours: float
+    goodput: float
+    """productive / the job's GPU-time inside the window."""
+    categories: dict[str, float]
+    """GPU-hours per category inside the window."""
+
+
+class FleetGoodputRead(BaseModel):
+    """Goodput over every job that ran between since and until (docs/goodput.md)."""
+
+    since: float
+    until: float
+    num_jobs: int
+    gpu_hours: float
+    """The jobs' GPU-time inside the window (a job across an edge: its part)."""
+    goodput: float
+    categories: dict[str, FleetCategoryRead]
+    jobs: list[FleetJobRead]
+    """Most GPU-hours lost first."""
+
+
+def fleet_read(answer: FleetGoodput) -> FleetGoodputRead:
+    """The response of the fleet view."""
+    return FleetGoodputRead(
+        since=answer.since,
+        until=answer.until,
+        num_jobs=len(answer.jobs),
+        gpu_hours=answer.gpu_s / 3600,
+        goodput=answer.goodput,
+        categories={
+            c: FleetCategoryRead(
+                gpu_hours=v / 3600, share=v / answer.gpu_s if answer.gpu_s > 0 else 0.0
+            )
+            for c, v in answer.categories.items()
+        },
+        jobs=[
+            FleetJobRead(
+                job_id=j.job_id,
+                name=j.name,
+                world_size=j.world_size,
+                gpu_hours=j.gpu_s / 3600,
+                goodput=j.categories["productive"] / j.gpu_s,
+                categories={c: v / 3600 for c, v in j.categories.items()},
+            )
+            for j in answer.jobs
+        ],
+    )

@@ -96,7 +96,8 @@ def _assert_windows(client: httpx.Client, doc: dict[str, Any]) -> None:
     windows inside the restart's downtime hold restart downtime alone."""
     span_s = doc["ended_at"] - doc["started_at"]
     default = doc["windows"]
-    assert doc["window_s"] > 0 and len(default) == math.ceil(span_s / doc["window_s"] - 1e-9)
+    assert doc["window_s"] > 0
+    assert len(default) == math.ceil(span_s / doc["window_s"] - 1e-9)
     assert len(default) <= 100
     assert default[0]["start"] == pytest.approx(doc["started_at"])
     assert sum(w["gpu_s"] for w in default) == pytest.approx(doc["total_gpu_s"], rel=1e-9)
@@ -115,9 +116,11 @@ def _assert_windows(client: httpx.Client, doc: dict[str, Any]) -> None:
         assert w["gpu_s"] == pytest.approx(4 * 5.0)
     for bad in ("0", "-3", "soon"):
         response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": bad})
-        assert response.status_code == 422 and "window_s" in response.text
+        assert response.status_code == 422
+        assert "window_s" in response.text
     response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": 0.001})
-    assert response.status_code == 422 and "window_s" in response.json()["detail"]
+    assert response.status_code == 422
+    assert "window_s" in response.json()["detail"]
 
 
 def test_a_lifecycle_event_missing_an_attribute_is_refused_whole(server: RunningServer) -> None:

@@ -148,7 +148,8 @@ def test_job_page_draws_the_ingested_values(browser: Any, site: Site, artifacts:
             answer.result.categories["productive"] / 3600, rel=1e-6
         )
         over_time = t.trace("job-goodput-time", "productive")
-        assert answer.windows is not None and answer.window_s is not None
+        assert answer.windows is not None
+        assert answer.window_s is not None
         assert len(over_time["y"]) == answer.windows.height
         assert sum(over_time["y"]) * answer.window_s == pytest.approx(
             answer.result.categories["productive"], rel=1e-6
