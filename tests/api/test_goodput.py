@@ -3,7 +3,6 @@ sent through the wire protocol, against its known truth."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +11,8 @@ import httpx
 import pytest
 
 from stepscope.schema import GOODPUT_CATEGORIES
-from stepscope.synthetic.goodput_timelines import Failure, Scenario, Timeline, generate
+from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
+from tests.goodput_jobs import batches
 from tests.live_server import RunningServer, run_server
 
 JOB = "goodput-restart"
@@ -22,38 +22,6 @@ JOB = "goodput-restart"
 def server(db_url: str) -> Iterator[RunningServer]:
     with run_server(db_url) as running:
         yield running
-
-
-def batches(timeline: Timeline, job_id: str) -> list[dict[str, Any]]:
-    """One wire batch per rank: its step rows and its events."""
-    assert timeline.rank_rows is not None
-    out = []
-    for rank in range(timeline.world_size):
-        rows = timeline.rank_rows.filter(timeline.rank_rows["rank"] == rank)
-        events = timeline.events.filter(timeline.events["rank"] == rank)
-        out.append(
-            {
-                "schema": 1,
-                "job": {"job_id": job_id, "world_size": timeline.world_size},
-                "source": {"rank": rank, "incarnation": "one-sender"},
-                "seq": 0,
-                "steps": {
-                    c: rows[c].to_list() for c in ("step", "ts", "step_s", "data_s", "comm_wait_s")
-                },
-                "events": [
-                    {
-                        "ts": ts,
-                        "kind": kind,
-                        "message": message,
-                        "attributes": json.loads(attributes),
-                    }
-                    for ts, kind, message, attributes in events.select(
-                        "ts", "kind", "message", "attributes"
-                    ).iter_rows()
-                ],
-            }
-        )
-    return out
 
 
 def test_goodput_of_a_restarted_job_matches_its_truth(server: RunningServer) -> None:
