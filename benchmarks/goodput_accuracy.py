@@ -15,7 +15,8 @@ Printed, beside the goals, in the same run:
    segment's mean step time program start-up; custom badput (here: the declared phases) is
    subtracted from the step interval holding it;
 3. the time to compute a 1,024-rank × 100,000-step job's goodput from its stored step rollups
-   and lifecycle events (SQLite; goal ≤ 1 s).
+   and lifecycle events, its 100 windows over time included (SQLite; goal ≤ 1 s). This is the
+   cold computation: the server then reuses the answer until the job's next analyzer pass.
 
     python benchmarks/goodput_accuracy.py [--timelines 200] [--ranks 1024] [--big-steps 100000]
 """
@@ -282,7 +283,8 @@ def main() -> None:
     verdict = "ok" if seconds <= TIME_GOAL_S else "MISSED"
     print(
         f"\ngoodput of a stored {num_ranks} x {args.big_steps:,}-step job (SQLite, step rollups "
-        f"+ {num_ranks * (args.big_steps // 1000 + 2):,} lifecycle events): {seconds:.3f} s "
+        f"+ {num_ranks * (args.big_steps // 1000 + 2):,} lifecycle events, 100 windows): "
+        f"{seconds:.3f} s "
         f"(goal <= {TIME_GOAL_S} s) {verdict}"
     )
 

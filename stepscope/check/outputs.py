@@ -116,7 +116,10 @@ def terminal(result: CheckResult, context: Context) -> RenderableType:
         ("limit", "right"),
         ("verdict", "left"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        if name == "metric":  # a long goodput share's name folds, the numbers stay whole
+            table.add_column(name, no_wrap=False, overflow="fold", max_width=16)
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for v in result.metrics:
         table.add_row(
             v.metric,

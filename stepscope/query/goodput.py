@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from stepscope.analysis import goodput as gp
 from stepscope.query.common import require_job
+from stepscope.query.memo import per_pass
 from stepscope.store import frames, reads, tables
 
 LIFECYCLE_KINDS = ("start", "resume", "phase", "exit", "exception")
@@ -50,6 +51,7 @@ class JobGoodput:
     """Per window: start, end, gpu_s and every category's GPU-seconds (gp.windows)."""
 
 
+@per_pass
 def job_goodput(
     engine: sa.Engine,
     job_id: str,
@@ -59,7 +61,8 @@ def job_goodput(
     with_windows: bool = True,
 ) -> JobGoodput:
     """The job's goodput; `per_rank` adds every rank's (reads the raw step rows), and its
-    windows of `window_s` seconds (default: gp.default_window_s of the job's span)."""
+    windows of `window_s` seconds (default: gp.default_window_s of the job's span). Computed
+    once per analyzer pass of the job (stepscope.query.memo), like its other rollup answers."""
     job = require_job(engine, job_id)
     rollup = reads.read_rollup(engine, tables.step_rollups, job_id, columns=_ROLLUP_COLUMNS)
     steps = gp.job_steps(rollup)
