@@ -10,18 +10,22 @@ process its lifecycle (stepscope.analysis.lifecycles). A step's row belongs to
 the incarnation whose processes were running when it started; the store keeps the first row of
 a (rank, step), so steps an incarnation ran again after a restart keep the earlier run's row,
 and the later run's time on them is known only as a span (counted productive).
+
+Every amount is placed in time as it is counted (stepscope.analysis.goodput_time), so the
+answer (stepscope.analysis.goodput_result) also reads per window. A step's own split is
+stepscope.analysis.goodput_steps.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.goodput_result import Goodput, Incarnation, empty_goodput, windows, within
 from stepscope.analysis.goodput_steps import (
     GoodputConfig,
     ideal_step_s,
@@ -30,7 +34,7 @@ from stepscope.analysis.goodput_steps import (
     rerun_split,
     step_split,
 )
-from stepscope.analysis.goodput_time import Ledger, default_window_s, window_edges, windowed
+from stepscope.analysis.goodput_time import Ledger, default_window_s
 from stepscope.analysis.lifecycles import Lifecycles, lifecycles, without_lifecycle
 from stepscope.schema import GOODPUT_CATEGORIES
 
@@ -39,7 +43,6 @@ __all__ = [
     "GoodputConfig",
     "Incarnation",
     "Lifecycles",
-    "as_dict",
     "default_window_s",
     "goodput",
     "hang_windows",
@@ -51,53 +54,6 @@ __all__ = [
     "within",
     "without_lifecycle",
 ]
-
-
-@dataclass(kw_only=True, slots=True)
-class Incarnation:
-    """One run of the job's processes, between two restarts."""
-
-    index: int
-    started_at: float
-    ended_at: float
-    num_ranks: int
-    first_step: int | None
-    last_step: int | None
-    resumed_at: int | None
-    """The step the next incarnation resumed at; steps from it on ran again (lost)."""
-    lost_steps: list[int] | None
-    """[first, last] step run to its end whose progress was lost, None when none was."""
-    interrupted_step: int | None
-    """The step an exception interrupted (the profiler's `step` attribute), if known."""
-    categories: dict[str, float]
-    """GPU-seconds per category inside this incarnation (restart downtime: after it)."""
-    failure: dict[str, Any] | None
-    """The first exception of the incarnation: {rank, ts, message}."""
-    hang_detection_s: float | None
-    """From the stall to its detection, when the incarnation hung."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Goodput:
-    """A job's goodput: the GPU-seconds of each category, and Google's three layers."""
-
-    world_size: int
-    started_at: float
-    ended_at: float
-    total_s: float
-    """world_size × (ended_at − started_at): GPU-seconds."""
-    categories: dict[str, float]
-    goodput: float
-    ideal_step_s: float | None
-    layers: dict[str, float | None]
-    """scheduling, runtime, program and their product (None when not known)."""
-    incarnations: list[Incarnation] = field(default_factory=list)
-    ledger: Ledger = field(default_factory=Ledger)
-    """Every category's GPU-seconds placed in time (for windows)."""
-
-    def share(self, category: str) -> float:
-        """A category's share of the job's GPU-time (0..1)."""
-        return self.categories.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
 
 
 def goodput(
@@ -137,7 +93,7 @@ def goodput(
         ended_at if ended_at is not None else -math.inf,
     )
     if not math.isfinite(job_start) or not math.isfinite(last_activity):
-        return _empty(world_size)
+        return empty_goodput(world_size)
     job_end = max(last_activity, job_start)
     num_lanes = world_size if ranks is None else processes["rank"].n_unique()
     total_s = num_lanes * (job_end - job_start)
@@ -393,82 +349,6 @@ def _nanmin(x: Any) -> float:
     x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
     return float(x.min()) if x.size else math.inf
-
-
-def _empty(world_size: int) -> Goodput:
-    return Goodput(
-        world_size=world_size,
-        started_at=math.nan,
-        ended_at=math.nan,
-        total_s=0.0,
-        categories=dict.fromkeys(GOODPUT_CATEGORIES, 0.0),
-        goodput=0.0,
-        ideal_step_s=None,
-        layers={"scheduling": None, "runtime": None, "program": None, "product": None},
-    )
-
-
-def as_dict(result: Goodput) -> dict[str, Any]:
-    """A Goodput as plain JSON-able values."""
-    return {
-        "world_size": result.world_size,
-        "started_at": result.started_at,
-        "ended_at": result.ended_at,
-        "total_s": result.total_s,
-        "goodput": result.goodput,
-        "categories": dict(result.categories),
-        "ideal_step_s": result.ideal_step_s,
-        "layers": dict(result.layers),
-        "incarnations": [
-            {
-                "index": i.index,
-                "started_at": i.started_at,
-                "ended_at": i.ended_at,
-                "num_ranks": i.num_ranks,
-                "first_step": i.first_step,
-                "last_step": i.last_step,
-                "resumed_at": i.resumed_at,
-                "lost_steps": i.lost_steps,
-                "interrupted_step": i.interrupted_step,
-                "categories": dict(i.categories),
-                "failure": i.failure,
-                "hang_detection_s": i.hang_detection_s,
-            }
-            for i in result.incarnations
-        ],
-    }
-
-
-def windows(result: Goodput, window_s: float | None = None) -> pl.DataFrame:
-    """Per window of `window_s` seconds (default: default_window_s of the job's span) from the
-    job's start: start, end, gpu_s and every category's GPU-seconds (they add up to gpu_s)."""
-    span_s = result.ended_at - result.started_at
-    if not math.isfinite(span_s):
-        return windowed(result.ledger, np.zeros(0), num_lanes=0, started_at=0.0, ended_at=0.0)
-    window_s = window_s or default_window_s(span_s)
-    return windowed(
-        result.ledger,
-        window_edges(result.started_at, result.ended_at, window_s),
-        num_lanes=result.world_size,
-        started_at=result.started_at,
-        ended_at=result.ended_at,
-    )
-
-
-def within(result: Goodput, since: float, until: float) -> dict[str, float]:
-    """The job's GPU-seconds inside [since, until): gpu_s and every category's."""
-    # Clipped to the job's span first: the same sums, without far-off edges' rounding.
-    since, until = max(since, result.started_at), min(until, result.ended_at)
-    if not math.isfinite(result.started_at) or until <= since:
-        return dict.fromkeys(("gpu_s", *GOODPUT_CATEGORIES), 0.0)
-    frame = windowed(
-        result.ledger,
-        np.array([since, until], dtype=np.float64),
-        num_lanes=result.world_size,
-        started_at=result.started_at,
-        ended_at=result.ended_at,
-    )
-    return {c: float(frame[c][0]) for c in ("gpu_s", *GOODPUT_CATEGORIES)}
 
 
 def hang_windows(findings: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
