@@ -235,6 +235,19 @@ def min_baselines(alpha: float, max_t_inflation: float) -> int:
     return n
 
 
+def too_few_baselines(
+    t: MetricTest, config: CheckConfig, common: dict[str, Any]
+) -> MetricVerdict | None:
+    """An inconclusive verdict when `t` has fewer baselines than its alpha needs (and the
+    fewest it needs in `common`), else None."""
+    needed = min_baselines(config.alpha, config.max_t_inflation)
+    common["min_baselines"] = needed
+    if t.n >= needed:
+        return None
+    reason = f"{t.n} baseline jobs; at alpha {config.alpha:g} the check needs {needed}"
+    return verdict_with(common, "inconclusive", reason)
+
+
 def decide(
     t: MetricTest, config: CheckConfig, step_s: float | None, *, too_short: bool
 ) -> MetricVerdict:
@@ -288,11 +301,9 @@ def decide(
         return verdict_with(
             common, "regression" if significant else "pass", reason, weak=True, improved=improved
         )
-    needed = min_baselines(config.alpha, config.max_t_inflation)
-    common["min_baselines"] = needed
-    if t.n < needed:
-        reason = f"{t.n} baseline jobs; at alpha {config.alpha:g} the check needs {needed}"
-        return verdict_with(common, "inconclusive", reason)
+    too_few = too_few_baselines(t, config, common)
+    if too_few is not None:
+        return too_few
     beyond = f"p = {p_value:.2g} at alpha {t.alpha:.2g}"
     if t.rejected and worse >= floor_log:
         return verdict_with(common, "regression", f"{what}: beyond the baselines' range ({beyond})")

@@ -18,7 +18,7 @@ from stepscope.analysis.metric_tests import (
     CheckConfig,
     MetricTest,
     MetricVerdict,
-    min_baselines,
+    too_few_baselines,
     verdict_with,
 )
 from stepscope.schema import GOODPUT_METRICS
@@ -98,11 +98,9 @@ def decide_share(t: MetricTest, config: CheckConfig) -> MetricVerdict:
             weak=True,
             improved=-worse >= floor,
         )
-    needed = min_baselines(config.alpha, config.max_t_inflation)
-    common["min_baselines"] = needed
-    if t.n < needed:
-        reason = f"{t.n} baseline jobs; at alpha {config.alpha:g} the check needs {needed}"
-        return verdict_with(common, "inconclusive", reason)
+    too_few = too_few_baselines(t, config, common)
+    if too_few is not None:
+        return too_few
     beyond = f"p = {t.p_worse():.2g} at alpha {t.alpha:.2g}"
     if t.rejected and worse >= floor:
         return verdict_with(common, "regression", f"{what}: beyond the baselines' range ({beyond})")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.analysis.goodput import goodput, lifecycles, windows, within
+from stepscope.analysis.goodput import windows, within
 from stepscope.analysis.goodput_time import default_window_s
 from stepscope.schema import GOODPUT_CATEGORIES
 from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
+from tests.analysis.test_goodput import _score as score
 from tests.analysis.test_goodput import worked_example
 
 # Worked example in 10 s windows (4 ranks, 0-77.5 s): startup to 20; steps 0-4 (productive
@@ -53,13 +54,7 @@ def test_windows_add_up_to_the_totals_on_a_job_with_restarts_and_a_hang() -> Non
             eval_every=50,
         )
     )
-    result = goodput(
-        timeline.steps,
-        lifecycles(timeline.events),
-        world_size=timeline.world_size,
-        ended_at=timeline.ended_at,
-        hangs=timeline.hangs,
-    )
+    result = score(timeline)
     frame = windows(result)
     span_s = result.ended_at - result.started_at
     assert frame.height == pytest.approx(span_s / default_window_s(span_s), abs=1)
