@@ -110,9 +110,12 @@ def windowed(
     inside = np.clip(np.minimum(hi, ended_at) - np.maximum(lo, started_at), 0.0, None)
     columns: dict[str, Floats] = {"start": lo, "end": hi, "gpu_s": num_lanes * inside}
     placed = np.zeros(lo.shape)
+    # Nothing is placed outside the job's span: edges beyond it read the same sums, without
+    # a far-off edge's rounding (t · Σslope is exact only near the span).
+    inner = np.clip(edges, started_at, ended_at)
     for c in GOODPUT_CATEGORIES:
         if c != "unaccounted":
-            columns[c] = ledger.placed(c, edges)
+            columns[c] = ledger.placed(c, inner)
             placed = placed + columns[c]
     columns["unaccounted"] = columns["gpu_s"] - placed
     return pl.DataFrame(columns).select("start", "end", "gpu_s", *GOODPUT_CATEGORIES)

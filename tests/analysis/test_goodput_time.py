@@ -87,3 +87,11 @@ def test_within_clips_the_job_to_the_window() -> None:
 )
 def test_the_default_window_cuts_a_job_in_at_most_100(span_s: float, window_s: float) -> None:
     assert default_window_s(span_s) == window_s
+
+
+def test_a_window_far_longer_than_the_job_holds_it_whole() -> None:
+    result = score(generate(Scenario(seed=22, failures=[Failure(at_step=70)], eval_every=40)))
+    (row,) = windows(result, 1e300).iter_rows(named=True)
+    assert row["gpu_s"] == pytest.approx(result.total_s, rel=1e-9)
+    for category in GOODPUT_CATEGORIES:
+        assert row[category] == pytest.approx(result.categories[category], abs=1e-6), category
