@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from stepscope.analysis import goodput as gp
 from stepscope.query.goodput import job_goodput
 from stepscope.schema import GOODPUT_CATEGORIES
-from stepscope.store import tables
+from stepscope.store import jobs
 
 STARTUP_MARGIN_S = 6 * 3600.0
 """A job whose first step came this long after `until` may still have started its processes
@@ -56,16 +56,9 @@ def fleet_goodput(engine: sa.Engine, *, since: float, until: float) -> FleetGood
         raise ValueError("since and until must be finite epoch seconds")
     if until <= since:
         raise ValueError(f"until must be after since; got since={since:g}, until={until:g}")
-    j = tables.jobs.c
-    query = (
-        sa.select(j.job_id, j.name)
-        .where(j.started_at < until + STARTUP_MARGIN_S)
-        .where(sa.or_(j.ended_at.is_(None), j.ended_at >= since))
-        .order_by(j.job_id)
-        .limit(MAX_JOBS + 1)
+    candidates = jobs.jobs_between(
+        engine, started_before=until + STARTUP_MARGIN_S, ended_after=since, limit=MAX_JOBS + 1
     )
-    with engine.connect() as conn:
-        candidates = [(str(job_id), name) for job_id, name in conn.execute(query)]
     if len(candidates) > MAX_JOBS:
         raise ValueError(
             f"since: more than {MAX_JOBS} jobs ran between since and until; narrow the window"
