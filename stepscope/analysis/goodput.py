@@ -67,7 +67,7 @@ def goodput(
     ranks: Iterable[int] | None = None,
     ideal: tuple[float, float] | None = None,
 ) -> Goodput:
-    """The job's goodput from its steps (STEP_COLUMNS, sums over ranks) and lifecycles.
+    """The job's goodput from its steps (STEP_COLUMNS of goodput_steps) and lifecycles.
 
     `hangs` are (stall ts, detection ts) of the job's hang findings. With `ranks`, only those
     ranks' GPU-time is accounted (`steps` then holds their sums alone) and `ideal` is the job's
