@@ -15,7 +15,8 @@ Printed, beside the goals, in the same run:
    segment's mean step time program start-up; custom badput (here: the declared phases) is
    subtracted from the step interval holding it;
 3. the time to compute a 1,024-rank × 100,000-step job's goodput from its stored step rollups
-   and lifecycle events (SQLite; goal ≤ 1 s).
+   and lifecycle events, its windows over time included (SQLite; goal ≤ 1 s). This is the
+   cold computation: the server then reuses the answer until the job's next analyzer pass.
 
     python benchmarks/goodput_accuracy.py [--timelines 200] [--ranks 1024] [--big-steps 100000]
 """
@@ -234,6 +235,8 @@ def stored_job_seconds(num_ranks: int, num_steps: int, repeat: int = 3) -> tuple
             answer = job_goodput(engine, job_id)
             best = min(best, time.perf_counter() - start)
         assert abs(answer.result.total_s - num_ranks * (ts[-1] + step_s - t0)) < 1e-3 * num_ranks
+        assert answer.windows is not None
+        assert 0 < answer.windows.height <= 100
         engine.dispose()
         return best, len(pending)
 
@@ -282,7 +285,8 @@ def main() -> None:
     verdict = "ok" if seconds <= TIME_GOAL_S else "MISSED"
     print(
         f"\ngoodput of a stored {num_ranks} x {args.big_steps:,}-step job (SQLite, step rollups "
-        f"+ {num_ranks * (args.big_steps // 1000 + 2):,} lifecycle events): {seconds:.3f} s "
+        f"+ {num_ranks * (args.big_steps // 1000 + 2):,} lifecycle events, windows over time): "
+        f"{seconds:.3f} s "
         f"(goal <= {TIME_GOAL_S} s) {verdict}"
     )
 

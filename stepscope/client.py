@@ -8,6 +8,7 @@ give the CI gate a job's step rollups and rank levels (JobData) and its history.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from pydantic import TypeAdapter
 
 from stepscope import __version__, query
 from stepscope.analysis.regression import JobData
-from stepscope.api.goodput_read import GoodputRead, goodput_read
+from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead, fleet_read, goodput_read
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 
 
@@ -56,6 +57,10 @@ class JobStore(Protocol):
     def findings(self, job_id: str) -> list[FindingRead]: ...
 
     def goodput(self, job_id: str) -> GoodputRead: ...
+
+    def fleet_goodput(self, since: float, until: float | None) -> FleetGoodputRead:
+        """Goodput over every job in [since, until) (until None: now)."""
+        ...
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]: ...
 
@@ -131,6 +136,12 @@ class LocalStore:
         from stepscope.query.goodput import job_goodput
 
         return _guarded(lambda: goodput_read(job_goodput(self.engine, job_id)))
+
+    def fleet_goodput(self, since: float, until: float | None) -> FleetGoodputRead:
+        from stepscope.query.goodput_fleet import fleet_goodput
+
+        end = until if until is not None else time.time()
+        return _guarded(lambda: fleet_read(fleet_goodput(self.engine, since=since, until=end)))
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
         return _guarded(lambda: query.export(self.engine, job_id, table, format))
@@ -221,6 +232,10 @@ class RemoteStore:
 
     def goodput(self, job_id: str) -> GoodputRead:
         return GoodputRead.model_validate_json(self._get(f"/jobs/{_quoted(job_id)}/goodput"))
+
+    def fleet_goodput(self, since: float, until: float | None) -> FleetGoodputRead:
+        body = self._get("/goodput", {"since": since, "until": until})
+        return FleetGoodputRead.model_validate_json(body)
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
         path = f"/jobs/{_quoted(job_id)}/export"

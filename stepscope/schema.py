@@ -206,6 +206,9 @@ GoodputCategory = Literal[
 ]
 """Where a GPU-second of a job went (docs/goodput.md): productive, or one named badput."""
 GOODPUT_CATEGORIES: tuple[GoodputCategory, ...] = get_args(GoodputCategory)
+GOODPUT_METRICS: tuple[str, ...] = ("goodput", *(f"badput_{c}" for c in GOODPUT_CATEGORIES[1:]))
+"""The CI gate's metrics on a job's GPU-time: the productive share (goodput), and each
+badput category's share (badput_hang, badput_restart_downtime, ...)."""
 
 EVENTS = Table(
     name="events",

@@ -10,18 +10,31 @@ process its lifecycle (stepscope.analysis.lifecycles). A step's row belongs to
 the incarnation whose processes were running when it started; the store keeps the first row of
 a (rank, step), so steps an incarnation ran again after a restart keep the earlier run's row,
 and the later run's time on them is known only as a span (counted productive).
+
+Every amount is placed in time as it is counted (stepscope.analysis.goodput_time), so the
+answer (stepscope.analysis.goodput_result) also reads per window. A step's own split is
+stepscope.analysis.goodput_steps.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.goodput_result import Goodput, Incarnation, empty_goodput, windows, within
+from stepscope.analysis.goodput_steps import (
+    GoodputConfig,
+    ideal_step_s,
+    job_steps,
+    rank_steps,
+    rerun_split,
+    step_split,
+)
+from stepscope.analysis.goodput_time import Ledger, default_window_s
 from stepscope.analysis.lifecycles import Lifecycles, lifecycles, without_lifecycle
 from stepscope.schema import GOODPUT_CATEGORIES
 
@@ -30,130 +43,17 @@ __all__ = [
     "GoodputConfig",
     "Incarnation",
     "Lifecycles",
-    "as_dict",
+    "default_window_s",
     "goodput",
     "hang_windows",
     "ideal_step_s",
     "job_steps",
     "lifecycles",
     "rank_steps",
+    "windows",
+    "within",
     "without_lifecycle",
 ]
-
-STEP_COLUMNS = (
-    "step",
-    "ts",
-    "num_ranks",
-    "step_s_sum",
-    "step_s_max",
-    "data_s_sum",
-    "comm_wait_s_sum",
-    "transfer_s_sum",
-)
-"""Per step, over the ranks counted: the sums of each time component, the slowest rank's step
-time, and transfer_s_sum: the group's transfer time (the least any rank waited) × ranks."""
-
-
-@dataclass(kw_only=True, slots=True)
-class GoodputConfig:
-    warmup_steps: int = 10
-    """Most leading steps of an incarnation whose excess over the ideal step is compilation."""
-    warmup_factor: float = 1.5
-    """A leading step is warm-up while the job's step time exceeds the ideal by this factor."""
-    stall_factor: float = 10.0
-    """A step this many times the job's typical step time holds a stall (hang)..."""
-    min_stall_s: float = 10.0
-    """...and exceeds it by at least this many seconds."""
-
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or self.warmup_factor < 1 or self.stall_factor < 1:
-            raise ValueError("warmup_steps >= 0, warmup_factor >= 1 and stall_factor >= 1")
-
-
-@dataclass(kw_only=True, slots=True)
-class Incarnation:
-    """One run of the job's processes, between two restarts."""
-
-    index: int
-    started_at: float
-    ended_at: float
-    num_ranks: int
-    first_step: int | None
-    last_step: int | None
-    resumed_at: int | None
-    """The step the next incarnation resumed at; steps from it on ran again (lost)."""
-    lost_steps: list[int] | None
-    """[first, last] step run to its end whose progress was lost, None when none was."""
-    interrupted_step: int | None
-    """The step an exception interrupted (the profiler's `step` attribute), if known."""
-    categories: dict[str, float]
-    """GPU-seconds per category inside this incarnation (restart downtime: after it)."""
-    failure: dict[str, Any] | None
-    """The first exception of the incarnation: {rank, ts, message}."""
-    hang_detection_s: float | None
-    """From the stall to its detection, when the incarnation hung."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Goodput:
-    """A job's goodput: the GPU-seconds of each category, and Google's three layers."""
-
-    world_size: int
-    started_at: float
-    ended_at: float
-    total_s: float
-    """world_size × (ended_at − started_at): GPU-seconds."""
-    categories: dict[str, float]
-    goodput: float
-    ideal_step_s: float | None
-    layers: dict[str, float | None]
-    """scheduling, runtime, program and their product (None when not known)."""
-    incarnations: list[Incarnation] = field(default_factory=list)
-
-    def share(self, category: str) -> float:
-        """A category's share of the job's GPU-time (0..1)."""
-        return self.categories.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
-
-
-def job_steps(rollup: pl.DataFrame) -> pl.DataFrame:
-    """STEP_COLUMNS from a step rollup (stepscope.analysis.rollups.step_rollup's columns)."""
-    n = pl.col("num_ranks").cast(pl.Float64)
-    wait_mean = pl.col("comm_wait_s_mean").fill_null(0.0)
-    return rollup.select(
-        "step",
-        "ts",
-        "num_ranks",
-        (pl.col("step_s_mean") * n).alias("step_s_sum"),
-        "step_s_max",
-        (pl.col("data_s_mean").fill_null(0.0) * n).alias("data_s_sum"),
-        (wait_mean * n).alias("comm_wait_s_sum"),
-        (pl.col("comm_wait_s_min").fill_null(0.0) * n).alias("transfer_s_sum"),
-    ).sort("step")
-
-
-def rank_steps(steps: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step) STEP_COLUMNS of raw step rows; the transfer time is the least any rank
-    of the step waited (the last to arrive waits only for the transfer)."""
-    wait = pl.col("comm_wait_s").fill_null(0.0) if "comm_wait_s" in steps else pl.lit(0.0)
-    return (
-        steps.with_columns(wait.alias("comm_wait_s_sum"))
-        .with_columns(
-            pl.col("comm_wait_s_sum").min().over("step").alias("transfer_s_sum"),
-            pl.col("step_s").max().over("step").alias("step_s_max"),
-        )
-        .select(
-            "rank",
-            "step",
-            "ts",
-            pl.lit(1, dtype=pl.Int64).alias("num_ranks"),
-            pl.col("step_s").alias("step_s_sum"),
-            "step_s_max",
-            pl.col("data_s").fill_null(0.0).alias("data_s_sum"),
-            "comm_wait_s_sum",
-            "transfer_s_sum",
-        )
-        .sort("rank", "step")
-    )
 
 
 def goodput(
@@ -167,7 +67,7 @@ def goodput(
     ranks: Iterable[int] | None = None,
     ideal: tuple[float, float] | None = None,
 ) -> Goodput:
-    """The job's goodput from its steps (STEP_COLUMNS, sums over ranks) and lifecycles.
+    """The job's goodput from its steps (STEP_COLUMNS of goodput_steps) and lifecycles.
 
     `hangs` are (stall ts, detection ts) of the job's hang findings. With `ranks`, only those
     ranks' GPU-time is accounted (`steps` then holds their sums alone) and `ideal` is the job's
@@ -193,13 +93,13 @@ def goodput(
         ended_at if ended_at is not None else -math.inf,
     )
     if not math.isfinite(job_start) or not math.isfinite(last_activity):
-        return _empty(world_size)
+        return empty_goodput(world_size)
     job_end = max(last_activity, job_start)
     num_lanes = world_size if ranks is None else processes["rank"].n_unique()
     total_s = num_lanes * (job_end - job_start)
     if ideal is None:
         ideal = ideal_step_s(steps)
-    ideal_s, typical_max_s = ideal
+    ideal_s = ideal[0]
 
     # Incarnation k of the job: every rank's k-th process; it starts with the first of them.
     by_index = processes.group_by("index").agg(pl.col("started_at").min()).sort("index")
@@ -210,7 +110,7 @@ def goodput(
     totals: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     incarnations: list[Incarnation] = []
     first_starts = processes.filter(pl.col("index") == 0)["started_at"].to_numpy()
-    launch_s = float(np.sum(first_starts - job_start))  # ranks waiting for their launch
+    ledger = Ledger()
     phase_cat = phases["category"].to_numpy().astype(str)
     phase_ts = phases["ts"].to_numpy().astype(np.float64)
     phase_dur = phases["duration_s"].to_numpy().astype(np.float64)
@@ -222,8 +122,8 @@ def goodput(
 
     for k in range(starts.size):
         cats: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
-        if k == 0:
-            cats["startup"] += launch_s
+        if k == 0:  # ranks waiting for their launch
+            ledger.add(cats, "startup", first_starts - job_start, job_start, first_starts)
         procs = processes.filter(pl.col("index") == k)
         nxt = processes.filter(pl.col("index") == k + 1)
         is_last = k == starts.size - 1
@@ -250,13 +150,14 @@ def goodput(
         started = procs["started_at"].to_numpy().astype(np.float64)
         first_ts_of = procs["first_step_ts"].fill_null(np.nan).to_numpy().astype(np.float64)
         startup_end = np.minimum(np.where(np.isnan(first_ts_of), end, first_ts_of), end)
-        cats["startup"] += float(np.sum(np.maximum(0.0, startup_end - started)))
+        ledger.add(cats, "startup", np.maximum(0.0, startup_end - started), started, startup_end)
         if not is_last:
             following = procs.select("rank").join(
                 nxt.select("rank", pl.col("started_at").alias("restart_at")), on="rank", how="left"
             )
             restart_at = following["restart_at"].fill_null(end).to_numpy().astype(np.float64)
-            cats["restart_downtime"] += float(np.sum(np.maximum(0.0, restart_at - end)))
+            downtime = np.maximum(0.0, restart_at - end)
+            ledger.add(cats, "restart_downtime", downtime, end, restart_at)
         stepping = procs.filter(pl.col("first_step_ts").is_not_null())
         n_k = stepping.height
         first_ts_sum = float(stepping["first_step_ts"].sum()) if n_k else 0.0
@@ -280,8 +181,12 @@ def goodput(
                 )
                 if done.size:
                     lost_steps = [int(done.min()), int(done.max())]
-                cats["lost_progress"] += n_k * max(0.0, last_end - lost_start)
-            _in_steps(kept_steps, cats, ideal_s, typical_max_s, k_hangs, config)
+                lost_s = n_k * max(0.0, last_end - lost_start)
+                ledger.add(cats, "lost_progress", lost_s, lost_start, last_end)
+            kept_ts = kept_steps["ts"].to_numpy().astype(np.float64)
+            kept_end = kept_ts + kept_steps["step_s_max"].to_numpy().astype(np.float64)
+            for c, v in step_split(kept_steps, ideal, k_hangs, config).items():
+                ledger.add(cats, c, v, kept_ts, kept_end)
             # Steps run again whose rows the store holds from the earlier run: progress kept,
             # unless the next incarnation resumed before them (then lost, pro rata).
             first_stored = float(np.min(k_steps["ts"].to_numpy()))
@@ -297,25 +202,30 @@ def goodput(
                 num_lost = 0
                 if resumed_at is not None:
                     num_lost = min(num_rerun, max(0, first_row_step - max(resumed_at, first_step)))
-                cats["lost_progress"] += max(0.0, rerun_s) * num_lost / num_rerun
+                rerun_from = float(stepping["first_step_ts"].min())  # type: ignore[arg-type]
+                lost_s = max(0.0, rerun_s) * num_lost / num_rerun
+                ledger.add(cats, "lost_progress", lost_s, rerun_from, first_stored)
                 earlier = steps.filter(
                     pl.col("step").is_between(first_step, first_row_step - num_lost - 1)
                     & (pl.col("ts") < starts[k])
                 )
                 kept_s = rerun_s * (num_rerun - num_lost) / num_rerun
-                _rerun(earlier, n_k, kept_s, cats, (ideal_s, typical_max_s), config)
+                for c, gpu_s in rerun_split(earlier, n_k, kept_s, ideal, config).items():
+                    ledger.add(cats, c, gpu_s, rerun_from, first_stored)
             tail = n_k * max(0.0, end - last_end)
             if k_hangs:
-                cats["hang"] += tail
+                ledger.add(cats, "hang", tail, last_end, end)
                 hang_detection_s = max(d - s for s, d in k_hangs)
             elif is_last:
-                cats["unaccounted"] += tail
-            else:
-                cats["lost_progress"] += tail  # the interrupted step
+                ledger.add(cats, "unaccounted", tail, last_end, end)
+            else:  # the interrupted step
+                ledger.add(cats, "lost_progress", tail, last_end, end)
         elif n_k:  # stepped on no stored row (all superseded or none yet)
             rerun_s = n_k * end - first_ts_sum - _phases_between(phases, stepping, end)
             earlier = steps.filter(pl.col("ts") < starts[k])
-            _rerun(earlier, n_k, rerun_s, cats, (ideal_s, typical_max_s), config)
+            rerun_from = float(stepping["first_step_ts"].min())  # type: ignore[arg-type]
+            for c, gpu_s in rerun_split(earlier, n_k, rerun_s, ideal, config).items():
+                ledger.add(cats, c, gpu_s, rerun_from, end)
         # Declared phases: their own category, out of the window they fell in.
         mine = phase_inc == k
         if mine.any():
@@ -330,22 +240,23 @@ def goodput(
                 .astype(np.float64)
             )
             cat_i = phase_cat[mine]
+            end_i = ts_i + dur_i
             for cat in np.unique(cat_i):
-                cats[str(cat)] += float(dur_i[cat_i == cat].sum())
+                at = cat_i == cat
+                ledger.add(cats, str(cat), dur_i[at], ts_i[at], end_i[at])
             before = ts_i < first_i
             after = ~before & (ts_i >= last_end)
             in_lost = ~before & ~after & has_lost & (ts_i >= lost_start)
-            cats["startup"] -= float(dur_i[before].sum())
             window = "hang" if k_hangs else "unaccounted" if is_last else "lost_progress"
-            cats[window] -= float(dur_i[after].sum())
-            cats["lost_progress"] -= float(dur_i[in_lost].sum())
+            for c, at in (("startup", before), (window, after), ("lost_progress", in_lost)):
+                ledger.add(cats, c, -dur_i[at], ts_i[at], end_i[at])
             # The others: the rerun span left them out already, or the kept span's gaps
             # (the unaccounted remainder) hold them.
         span = float(np.sum(np.maximum(0.0, min(end, job_end) - started)))
         if not is_last:
             span += cats["restart_downtime"]
         if k == 0:
-            span += launch_s
+            span += float(np.sum(first_starts - job_start))
         cats["unaccounted"] += span - sum(v for c, v in cats.items() if c != "unaccounted")
         for c in GOODPUT_CATEGORIES:
             totals[c] += cats[c]
@@ -398,63 +309,8 @@ def goodput(
             "product": product,
         },
         incarnations=incarnations,
+        ledger=ledger,
     )
-
-
-def ideal_step_s(steps: pl.DataFrame) -> tuple[float, float]:
-    """(Ideal per-rank step time, typical job step time): medians over the steps."""
-    if steps.height == 0:
-        return math.nan, math.nan
-    per_rank = steps["step_s_sum"] / steps["num_ranks"].cast(pl.Float64)
-    return float(per_rank.median()), float(steps["step_s_max"].median())  # type: ignore[arg-type]
-
-
-def _in_steps(
-    kept: pl.DataFrame,
-    cats: dict[str, float],
-    ideal_s: float,
-    typical_max_s: float,
-    hangs: Sequence[tuple[float, float]],
-    config: GoodputConfig,
-) -> None:
-    """A kept step's time: data, exposed comm, straggler wait, compute; the excess of a warm-up
-    step over the ideal is compilation, of a stalled step hang (the rest scaled alike)."""
-    if kept.height == 0:
-        return
-    n = kept["num_ranks"].to_numpy().astype(np.float64)
-    step_sum = kept["step_s_sum"].to_numpy().astype(np.float64)
-    step_max = kept["step_s_max"].to_numpy().astype(np.float64)
-    data = kept["data_s_sum"].to_numpy().astype(np.float64)
-    wait = kept["comm_wait_s_sum"].to_numpy().astype(np.float64)
-    transfer = np.minimum(kept["transfer_s_sum"].to_numpy().astype(np.float64), wait)
-    ts = kept["ts"].to_numpy().astype(np.float64)
-    by_finding = np.zeros(ts.shape, dtype=bool)
-    for start, _detected in hangs:
-        by_finding |= (ts <= start) & (ts + step_max > start + 1e-3) & (step_max > typical_max_s)
-    # The first slow steps of an incarnation are warm-up, however slow, unless a hang was
-    # detected in them: a 10-minute first-step compile is not a stall.
-    warm = np.zeros(ts.shape, dtype=bool)
-    for i in np.argsort(ts)[: config.warmup_steps]:
-        if step_max[i] <= config.warmup_factor * typical_max_s or by_finding[i]:
-            break
-        warm[i] = True
-    stalled = by_finding | (
-        ~warm
-        & (step_max >= config.stall_factor * typical_max_s)
-        & (step_max - typical_max_s >= config.min_stall_s)
-    )
-    excess = np.where(
-        (warm | stalled) & (step_sum > 0),
-        np.clip(1.0 - n * ideal_s / np.where(step_sum > 0, step_sum, 1.0), 0.0, 1.0),
-        0.0,
-    )
-    keep = 1.0 - excess
-    cats["compile"] += float(np.sum(excess * step_sum * warm))
-    cats["hang"] += float(np.sum(excess * step_sum * stalled))
-    cats["data"] += float(np.sum(keep * data))
-    cats["exposed_comm"] += float(np.sum(keep * transfer))
-    cats["straggler_wait"] += float(np.sum(keep * (wait - transfer)))
-    cats["productive"] += float(np.sum(keep * (step_sum - data - wait)))
 
 
 def _phases_between(phases: pl.DataFrame, stepping: pl.DataFrame, until: float) -> float:
@@ -462,34 +318,6 @@ def _phases_between(phases: pl.DataFrame, stepping: pl.DataFrame, until: float) 
     joined = phases.join(stepping.select("rank", "first_step_ts"), on="rank")
     inside = joined.filter((pl.col("ts") >= pl.col("first_step_ts")) & (pl.col("ts") < until))
     return float(inside["duration_s"].sum())
-
-
-def _rerun(
-    earlier: pl.DataFrame,
-    n: int,
-    rerun_s: float,
-    cats: dict[str, float],
-    ideal: tuple[float, float],
-    config: GoodputConfig,
-) -> None:
-    """Steps run again whose rows the store holds from their earlier run: `rerun_s` GPU-seconds
-    of kept progress, split as the earlier run's time was (a stall in them is hang again);
-    beyond what the earlier run took, the excess is warm-up (compilation)."""
-    rerun_s = max(0.0, rerun_s)
-    before: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
-    per_rank = earlier.with_columns(
-        (pl.col(c) / pl.col("num_ranks") * n).alias(c)
-        for c in ("step_s_sum", "data_s_sum", "comm_wait_s_sum", "transfer_s_sum")
-    ).with_columns(pl.lit(n).alias("num_ranks"))
-    _in_steps(per_rank, before, ideal[0], ideal[1], (), replace(config, warmup_steps=0))
-    before_s = sum(before.values())
-    if before_s <= 0:
-        cats["productive"] += rerun_s
-        return
-    cats["compile"] += max(0.0, rerun_s - before_s)
-    scale = min(rerun_s, before_s) / before_s
-    for c, v in before.items():
-        cats[c] += v * scale
 
 
 def _resume_step(nxt: pl.DataFrame) -> int | None:
@@ -521,50 +349,6 @@ def _nanmin(x: Any) -> float:
     x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
     return float(x.min()) if x.size else math.inf
-
-
-def _empty(world_size: int) -> Goodput:
-    return Goodput(
-        world_size=world_size,
-        started_at=math.nan,
-        ended_at=math.nan,
-        total_s=0.0,
-        categories=dict.fromkeys(GOODPUT_CATEGORIES, 0.0),
-        goodput=0.0,
-        ideal_step_s=None,
-        layers={"scheduling": None, "runtime": None, "program": None, "product": None},
-    )
-
-
-def as_dict(result: Goodput) -> dict[str, Any]:
-    """A Goodput as plain JSON-able values."""
-    return {
-        "world_size": result.world_size,
-        "started_at": result.started_at,
-        "ended_at": result.ended_at,
-        "total_s": result.total_s,
-        "goodput": result.goodput,
-        "categories": dict(result.categories),
-        "ideal_step_s": result.ideal_step_s,
-        "layers": dict(result.layers),
-        "incarnations": [
-            {
-                "index": i.index,
-                "started_at": i.started_at,
-                "ended_at": i.ended_at,
-                "num_ranks": i.num_ranks,
-                "first_step": i.first_step,
-                "last_step": i.last_step,
-                "resumed_at": i.resumed_at,
-                "lost_steps": i.lost_steps,
-                "interrupted_step": i.interrupted_step,
-                "categories": dict(i.categories),
-                "failure": i.failure,
-                "hang_detection_s": i.hang_detection_s,
-            }
-            for i in result.incarnations
-        ],
-    }
 
 
 def hang_windows(findings: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:

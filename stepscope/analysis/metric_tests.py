@@ -15,15 +15,19 @@ import numpy as np
 
 from stepscope.analysis.steady import COMPONENTS, HIGHER_IS_BETTER, METRICS, THROUGHPUT, JobLevels
 from stepscope.analysis.student_t import t_ppf, t_sf
+from stepscope.schema import GOODPUT_METRICS
 
 Outcome = Literal["pass", "regression", "inconclusive"]
+ALL_METRICS = (*METRICS, *GOODPUT_METRICS)
+"""Every metric the gate can test; the goodput shares only when asked for."""
 Floats = np.ndarray[Any, np.dtype[np.float64]]
 
 
 @dataclass(kw_only=True, slots=True)
 class CheckConfig:
     metrics: tuple[str, ...] = METRICS
-    """Metrics tested (stepscope.analysis.steady.METRICS)."""
+    """Metrics tested (stepscope.analysis.steady.METRICS, and the shares of
+    stepscope.schema.GOODPUT_METRICS when asked for)."""
     alpha: float = 0.01
     """Family-wise false-fail rate over all metrics tested."""
     min_effect: float = 0.02
@@ -44,9 +48,9 @@ class CheckConfig:
     """Significance of a level shift in the baselines' history."""
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.metrics if m not in METRICS]
+        unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown or not self.metrics:
-            raise ValueError(f"metrics must be among {', '.join(METRICS)}; got {unknown}")
+            raise ValueError(f"metrics must be among {', '.join(ALL_METRICS)}; got {unknown}")
         if not 0 < self.alpha < 0.5:
             raise ValueError("alpha must be in (0, 0.5)")
         if not 0 <= self.min_effect < 1:
@@ -231,6 +235,19 @@ def min_baselines(alpha: float, max_t_inflation: float) -> int:
     return n
 
 
+def too_few_baselines(
+    t: MetricTest, config: CheckConfig, common: dict[str, Any]
+) -> MetricVerdict | None:
+    """An inconclusive verdict when `t` has fewer baselines than its alpha needs (and the
+    fewest it needs in `common`), else None."""
+    needed = min_baselines(config.alpha, config.max_t_inflation)
+    common["min_baselines"] = needed
+    if t.n >= needed:
+        return None
+    reason = f"{t.n} baseline jobs; at alpha {config.alpha:g} the check needs {needed}"
+    return verdict_with(common, "inconclusive", reason)
+
+
 def decide(
     t: MetricTest, config: CheckConfig, step_s: float | None, *, too_short: bool
 ) -> MetricVerdict:
@@ -246,7 +263,7 @@ def decide(
         "candidate_se": math.expm1(t.cand_se) if math.isfinite(t.cand_se) else None,
     }
     if t.n == 0:
-        return _verdict(common, "inconclusive", "no baseline job to compare with")
+        return verdict_with(common, "inconclusive", "no baseline job to compare with")
     base = math.exp(t.base_mean)
     worse = t.sign * (t.cand_log - t.base_mean)
     step_share = (cand - base) / step_s if component and step_s else None
@@ -274,24 +291,22 @@ def decide(
         what += f" ({step_share:+.1%} of the step time)"
     floor = f"the {config.min_effect:.0%} floor" + (" of the step time" if component else "")
     if too_short:
-        return _verdict(common, "inconclusive", "the candidate has too few steady-state steps")
+        return verdict_with(common, "inconclusive", "the candidate has too few steady-state steps")
     if t.n == 1:
         significant = p_value <= t.alpha and worse >= floor_log
         reason = f"weak: one baseline job, steady-state steps compared; {what}" + (
             f", beyond its noise and {floor}" if significant else ", within noise or floor"
         )
         improved = 1.0 - p_value <= t.alpha and -worse >= floor_log
-        return _verdict(
+        return verdict_with(
             common, "regression" if significant else "pass", reason, weak=True, improved=improved
         )
-    needed = min_baselines(config.alpha, config.max_t_inflation)
-    common["min_baselines"] = needed
-    if t.n < needed:
-        reason = f"{t.n} baseline jobs; at alpha {config.alpha:g} the check needs {needed}"
-        return _verdict(common, "inconclusive", reason)
+    too_few = too_few_baselines(t, config, common)
+    if too_few is not None:
+        return too_few
     beyond = f"p = {p_value:.2g} at alpha {t.alpha:.2g}"
     if t.rejected and worse >= floor_log:
-        return _verdict(common, "regression", f"{what}: beyond the baselines' range ({beyond})")
+        return verdict_with(common, "regression", f"{what}: beyond the baselines' range ({beyond})")
     noisy = (
         math.isfinite(t.cand_se)
         and math.isfinite(t.base_se)
@@ -303,16 +318,16 @@ def decide(
             f"the candidate's own steps are too noisy: its level is known to "
             f"±{math.expm1(t.cand_se):.1%}, a baseline's to ±{math.expm1(t.base_se):.1%}"
         )
-        return _verdict(common, "inconclusive", reason)
+        return verdict_with(common, "inconclusive", reason)
     improved = t_sf(-t.statistic, t.df) <= t.alpha and -worse >= floor_log
     if t.rejected:
         reason = f"{what}: significant ({beyond}) but below {floor}"
     else:
         reason = f"{what}: within the baselines' range ({beyond})"
-    return _verdict(common, "pass", reason, improved=improved)
+    return verdict_with(common, "pass", reason, improved=improved)
 
 
-def _verdict(
+def verdict_with(
     common: dict[str, Any],
     outcome: Outcome,
     reason: str,
@@ -320,6 +335,7 @@ def _verdict(
     weak: bool = False,
     improved: bool = False,
 ) -> MetricVerdict:
+    """A verdict from the numbers in `common`; the ones it lacks are None."""
     defaults: dict[str, Any] = dict.fromkeys(
         (
             "baseline",

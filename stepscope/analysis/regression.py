@@ -41,7 +41,9 @@ from stepscope.analysis.metric_tests import (
     weighted_holm,
 )
 from stepscope.analysis.rollups import step_rollup, with_compute
+from stepscope.analysis.share_tests import decide_share, share_test
 from stepscope.analysis.steady import METRICS, JobLevels, detect_warmup, job_levels, job_metrics
+from stepscope.schema import GOODPUT_METRICS
 
 __all__ = [
     "METRICS",
@@ -67,6 +69,8 @@ class JobData:
     ranks: pl.DataFrame | None = None
     """rank, node, data_s, compute_s: each rank's typical seconds per step."""
     started_at: float | None = None
+    goodput: dict[str, float] | None = None
+    """The shares of its GPU-time (GOODPUT_METRICS → 0..1), when its goodput is known."""
 
 
 def job_from_steps(
@@ -179,7 +183,16 @@ def check_regression(
 
     tests: list[MetricTest] = []
     for metric in config.metrics:
-        test = MetricTest.of(metric, cand, base_levels)
+        if metric in GOODPUT_METRICS:
+            test = share_test(
+                metric,
+                [math.nan if c.goodput is None else c.goodput[metric] for c in candidates],
+                [j.goodput[metric] for j, _ in used if j.goodput is not None],
+            )
+            if test is not None and len(test.base) == 0 and used:
+                test = None  # no baseline has goodput: not measured, like a step metric
+        else:
+            test = MetricTest.of(metric, cand, base_levels)
         if test is None:
             notes.append(f"{metric}: not measured in the candidate or the baselines")
         else:
@@ -187,7 +200,12 @@ def check_regression(
     weighted_holm(tests, config)
     step_s = next((t for t in tests if t.metric == "step_s" and t.n), None)
     step_base_s = math.exp(step_s.base_mean) if step_s is not None else None
-    verdicts = [decide(t, config, step_base_s, too_short=bool(short)) for t in tests]
+    verdicts = [
+        decide_share(t, config)
+        if t.metric in GOODPUT_METRICS
+        else decide(t, config, step_base_s, too_short=bool(short))
+        for t in tests
+    ]
     if not verdicts:
         notes.append("no metric could be tested")
 

@@ -1,4 +1,5 @@
-"""The goodput response models (#20): what GET /api/v1/jobs/{id}/goodput answers."""
+"""The goodput response models (#20): what GET /api/v1/jobs/{id}/goodput and the fleet view
+GET /api/v1/goodput answer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pydantic import BaseModel
 
 from stepscope.analysis.goodput import Goodput
 from stepscope.query.goodput import JobGoodput
+from stepscope.query.goodput_fleet import FleetGoodput
+from stepscope.schema import GOODPUT_CATEGORIES
 
 
 class CategoryRead(BaseModel):
@@ -48,6 +51,18 @@ class RankGoodputRead(BaseModel):
     categories: dict[str, CategoryRead]
 
 
+class WindowRead(BaseModel):
+    """One window of the job's wall time: its GPU-time by category."""
+
+    start: float
+    """Epoch seconds."""
+    end: float
+    gpu_s: float
+    """The job's GPU-time inside the window (world size × its part of the job's span)."""
+    categories: dict[str, float]
+    """GPU-seconds per category; they add up to gpu_s."""
+
+
 class GoodputRead(BaseModel):
     """A job's goodput (docs/goodput.md): every GPU-second in one category."""
 
@@ -69,6 +84,11 @@ class GoodputRead(BaseModel):
     """Category → the ranks (or node), cause or exception behind it."""
     ranks: dict[int, RankGoodputRead] | None
     """Per rank, with per_rank=true."""
+    window_s: float | None
+    """The windows' length, seconds."""
+    windows: list[WindowRead]
+    """Goodput over time: consecutive windows from the job's start; restarts are the
+    incarnations' started_at."""
 
 
 def _categories(values: dict[str, float], total_s: float) -> dict[str, CategoryRead]:
@@ -122,4 +142,83 @@ def goodput_read(answer: JobGoodput) -> GoodputRead:
         ranks=None
         if answer.ranks is None
         else {rank: _rank_read(g) for rank, g in answer.ranks.items()},
+        window_s=answer.window_s,
+        windows=_windows(answer),
+    )
+
+
+def _windows(answer: JobGoodput) -> list[WindowRead]:
+    if answer.windows is None:
+        return []
+    return [
+        WindowRead(
+            start=row["start"],
+            end=row["end"],
+            gpu_s=row["gpu_s"],
+            categories={c: row[c] for c in GOODPUT_CATEGORIES},
+        )
+        for row in answer.windows.iter_rows(named=True)
+    ]
+
+
+class FleetCategoryRead(BaseModel):
+    """One category's GPU-time over the fleet."""
+
+    gpu_hours: float
+    share: float
+    """Of the window's GPU-time over all jobs, 0..1."""
+
+
+class FleetJobRead(BaseModel):
+    """One job's GPU-time inside the window."""
+
+    job_id: str
+    name: str | None
+    world_size: int
+    gpu_hours: float
+    goodput: float
+    """productive / the job's GPU-time inside the window."""
+    categories: dict[str, float]
+    """GPU-hours per category inside the window."""
+
+
+class FleetGoodputRead(BaseModel):
+    """Goodput over every job that ran between since and until (docs/goodput.md)."""
+
+    since: float
+    until: float
+    num_jobs: int
+    gpu_hours: float
+    """The jobs' GPU-time inside the window (a job across an edge: its part)."""
+    goodput: float
+    categories: dict[str, FleetCategoryRead]
+    jobs: list[FleetJobRead]
+    """Most GPU-hours lost first."""
+
+
+def fleet_read(answer: FleetGoodput) -> FleetGoodputRead:
+    """The response of the fleet view."""
+    return FleetGoodputRead(
+        since=answer.since,
+        until=answer.until,
+        num_jobs=len(answer.jobs),
+        gpu_hours=answer.gpu_s / 3600,
+        goodput=answer.goodput,
+        categories={
+            c: FleetCategoryRead(
+                gpu_hours=v / 3600, share=v / answer.gpu_s if answer.gpu_s > 0 else 0.0
+            )
+            for c, v in answer.categories.items()
+        },
+        jobs=[
+            FleetJobRead(
+                job_id=j.job_id,
+                name=j.name,
+                world_size=j.world_size,
+                gpu_hours=j.gpu_s / 3600,
+                goodput=j.categories["productive"] / j.gpu_s,
+                categories={c: v / 3600 for c, v in j.categories.items()},
+            )
+            for j in answer.jobs
+        ],
     )

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepscope.analysis.regression import CheckResult, MetricVerdict
+from stepscope.schema import GOODPUT_METRICS
 from stepscope.text import numbers
 
 TITLE = "stepscope check"
@@ -48,6 +49,8 @@ def verdict_label(v: MetricVerdict) -> str:
 
 
 def _change(v: MetricVerdict) -> str:
+    if v.metric in GOODPUT_METRICS:  # shares change in percentage points
+        return numbers.UNKNOWN if v.effect is None else f"{100 * v.effect:+.2f} pp"
     return numbers.signed_share(v.effect)
 
 
@@ -113,7 +116,10 @@ def terminal(result: CheckResult, context: Context) -> RenderableType:
         ("limit", "right"),
         ("verdict", "left"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        if name == "metric":  # a long goodput share's name folds, the numbers stay whole
+            table.add_column(name, no_wrap=False, overflow="fold", max_width=16)
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for v in result.metrics:
         table.add_row(
             v.metric,

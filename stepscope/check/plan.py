@@ -8,7 +8,7 @@ dropped with its reason, a named one stops the check.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from stepscope.analysis.regression import (
@@ -19,8 +19,10 @@ from stepscope.analysis.regression import (
     JobData,
     check_regression,
 )
+from stepscope.api.goodput_read import GoodputRead
 from stepscope.check.files import read_steps_files
 from stepscope.client import JobStore, StoreError
+from stepscope.schema import GOODPUT_CATEGORIES, GOODPUT_METRICS
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 FAIL_ON = ("regression", "any", "never")
@@ -93,9 +95,12 @@ def check_config(
     metrics: Sequence[str] | None, *, alpha: float, min_effect: float, warmup: str
 ) -> CheckConfig:
     """The gate's statistics settings from the options (warmup: a number of steps or auto)."""
-    unknown = [m for m in metrics or () if m not in METRICS]
+    unknown = [m for m in metrics or () if m not in METRICS and m not in GOODPUT_METRICS]
     if unknown:
-        raise UsageError(f"unknown --metric {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+        raise UsageError(
+            f"unknown --metric {', '.join(unknown)}; choose from {', '.join(METRICS)}, "
+            f"{', '.join(GOODPUT_METRICS)}"
+        )
     if warmup == "auto":
         warmup_steps = None
     elif warmup.isdigit():
@@ -113,8 +118,22 @@ def check_config(
         raise UsageError(str(exc)) from None
 
 
-def load_jobs(selection: Selection, store: JobStore | None) -> Jobs:
-    """The candidate run(s) and baselines of the selection, read from the store and files.
+def wants_goodput(config: CheckConfig) -> bool:
+    """Whether the check tests a goodput share (the stored jobs' goodput is then read)."""
+    return any(m in GOODPUT_METRICS for m in config.metrics)
+
+
+def goodput_shares(answer: GoodputRead) -> dict[str, float] | None:
+    """GOODPUT_METRICS → the job's shares of its GPU-time; None when it has none yet."""
+    if answer.total_gpu_s <= 0:
+        return None
+    badput = {f"badput_{c}": answer.categories[c].share for c in GOODPUT_CATEGORIES[1:]}
+    return {"goodput": answer.goodput, **badput}
+
+
+def load_jobs(selection: Selection, store: JobStore | None, *, with_goodput: bool = False) -> Jobs:
+    """The candidate run(s) and baselines of the selection, read from the store and files;
+    `with_goodput` reads the stored jobs' goodput too (steps files have none).
 
     Raises StoreError (a named job is missing or not rolled up) or StepsFileError.
     """
@@ -126,7 +145,7 @@ def load_jobs(selection: Selection, store: JobStore | None) -> Jobs:
     if selection.job_id is not None:
         assert store is not None
         info = store.summary(selection.job_id)
-        candidates = [store.gate_data(selection.job_id)]
+        candidates = [_gate_data(store, selection.job_id, with_goodput)]
         key = key or info.benchmark_key
         started_before = info.started_at
         if info.status != "finished":
@@ -151,7 +170,7 @@ def load_jobs(selection: Selection, store: JobStore | None) -> Jobs:
     for baseline_id in ids:
         assert store is not None
         try:
-            baselines.append(store.gate_data(baseline_id))
+            baselines.append(_gate_data(store, baseline_id, with_goodput))
         except StoreError as exc:
             if not selection.from_history:  # a job the user named: say so and stop
                 raise
@@ -165,6 +184,13 @@ def load_jobs(selection: Selection, store: JobStore | None) -> Jobs:
         benchmark_key=key,
         source=store.where if store is not None else "files",
     )
+
+
+def _gate_data(store: JobStore, job_id: str, with_goodput: bool) -> JobData:
+    data = store.gate_data(job_id)
+    if not with_goodput:
+        return data
+    return replace(data, goodput=goodput_shares(store.goodput(job_id)))
 
 
 def compare(jobs: Jobs, config: CheckConfig) -> CheckResult:

@@ -45,7 +45,8 @@ MetricOpt = Annotated[
     typer.Option(
         "--metric",
         help="step_s, tokens_per_s, mfu, data_s, compute_s or comm_wait_s (repeatable; "
-        "default all)",
+        "default all of these), or a goodput share: goodput, badput_<category> "
+        "(badput_hang, badput_restart_downtime, ...)",
     ),
 ]
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="False-fail rate over all metrics tested")]
@@ -114,7 +115,7 @@ def check(
         )
         store = open_store(db, url, token) if selection.needs_store else None
         try:
-            jobs = plan.load_jobs(selection, store)
+            jobs = plan.load_jobs(selection, store, with_goodput=plan.wants_goodput(config))
         finally:
             if store is not None:
                 store.close()
@@ -184,7 +185,8 @@ def report(
                 last=last,
                 peak_flops=peak_flops,
             )
-            verdict = plan.compare(plan.load_jobs(selection, store), config)
+            jobs = plan.load_jobs(selection, store, with_goodput=plan.wants_goodput(config))
+            verdict = plan.compare(jobs, config)
         data = collect(store.engine, job_id, verdict)
     except (plan.UsageError, StoreError, StepsFileError) as exc:
         raise fail(str(exc)) from None

@@ -16,6 +16,7 @@ from stepscope.cli.options import (
     UrlOption,
     checked_output,
     database_url,
+    epoch_s,
     fail,
     open_store,
     stderr,
@@ -203,16 +204,36 @@ def _goodput_or_none(store: JobStore, job_id: str) -> GoodputRead | None:
 
 
 def goodput(
-    job_id: JobIdArgument,
+    job_id: Annotated[str | None, typer.Argument(help="A stored job (or --since)")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="All jobs from this time: epoch s or ISO 8601 (UTC)"),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="...to this time (default: now)")
+    ] = None,
     output: OutputOption = "text",
     url: UrlOption = None,
     token: TokenOption = None,
     db: DbOption = None,
 ) -> None:
-    """Where a job's GPU-time went: one line per category (docs/goodput.md)."""
-    from stepscope.cli.output import print_goodput
+    """Where a job's GPU-time went, one line per category; with --since instead of a job,
+    where every job's GPU-time in that window went (docs/goodput.md)."""
+    from stepscope.cli.output import print_fleet_goodput, print_goodput
 
     checked_output(output)
+    if (job_id is None) == (since is None):
+        raise fail("give a JOB, or --since TIME for all jobs in a window (not both)")
+    if since is not None:
+        start = epoch_s("--since", since)
+        end = epoch_s("--until", until) if until is not None else None
+        fleet = _reading(db, url, token, lambda r: r.fleet_goodput(start, end))
+        if output == "json":
+            typer.echo(fleet.model_dump_json(indent=2))
+        else:
+            print_fleet_goodput(fleet)
+        return
+    assert job_id is not None
     answer = _reading(db, url, token, lambda r: r.goodput(job_id))
     if output == "json":
         typer.echo(answer.model_dump_json(indent=2))

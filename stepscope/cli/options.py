@@ -4,6 +4,7 @@ name, and `fail`: an expected error printed in one line, without a traceback."""
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -39,6 +40,21 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print an expected error without a traceback; raise the returned Exit."""
     stderr.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
+
+
+def epoch_s(name: str, value: str) -> float:
+    """An option's time: epoch seconds, or ISO 8601 (UTC unless it names a zone)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise fail(
+            f"{name} must be epoch seconds or an ISO 8601 time (2026-12-01T00:00); got {value!r}"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def checked_output(output: str) -> str:

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from stepscope.api.goodput_read import GoodputRead
+from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 from stepscope.schema import FINDINGS, Finding
 from stepscope.text.findings import finding_line, mesh_sentence
@@ -158,4 +158,25 @@ def print_goodput(g: GoodputRead) -> None:
         if inc.failure is not None:
             failure = f"; rank {inc.failure['rank']}: {inc.failure['message']}"
         line = f"incarnation {inc.index}: {steps}{lost}{failure}"
+        typer.echo(line if len(line) <= 80 else line[:79] + "…")
+
+
+def print_fleet_goodput(g: FleetGoodputRead) -> None:
+    """The fleet's goodput, one line per category, then one per job (most lost first)."""
+    typer.echo(
+        f"goodput {share(g.goodput)} of {g.gpu_hours:,.2f} GPU-h over {g.num_jobs} job(s), "
+        f"{when(g.since, short=True)} to {when(g.until, short=True)} UTC"
+    )
+    for category, value in g.categories.items():
+        if abs(value.share) < 5e-4 and category != "productive":
+            continue
+        typer.echo(
+            f"  {goodput_category(category):<16} {value.gpu_hours:>10,.3f} GPU-h "
+            f"{share(value.share):>7}"
+        )
+    for job in g.jobs:
+        lost = top_badput(job.categories, job.gpu_hours, {}, num=1)
+        line = f"{job.job_id}: {share(job.goodput)} of {job.gpu_hours:,.3f} GPU-h" + (
+            f"; most lost: {lost[0]}" if lost else ""
+        )
         typer.echo(line if len(line) <= 80 else line[:79] + "…")

@@ -18,7 +18,7 @@ from stepscope.figures.base import (
 )
 from stepscope.figures.collectives import collective_name, collectives_figure
 from stepscope.figures.compare import baseline_levels, components_figure, overlay_figure
-from stepscope.figures.goodput import GOODPUT_COLORS, goodput_figure
+from stepscope.figures.goodput import GOODPUT_COLORS, goodput_figure, goodput_time_figure
 from stepscope.figures.gpu import GPU_PANELS, gpu_figure, throttled_trace
 from stepscope.figures.ranks import (
     RANK_PANELS,
@@ -60,6 +60,7 @@ __all__ = [
     "f32",
     "finding_label",
     "goodput_figure",
+    "goodput_time_figure",
     "gpu_figure",
     "grid_layout",
     "group_label",

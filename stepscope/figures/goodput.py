@@ -1,10 +1,13 @@
-"""Where a job's GPU-time went (docs/goodput.md): per incarnation, stacked by category."""
+"""Where a job's GPU-time went (docs/goodput.md): per incarnation and over time, stacked by
+category."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import plotly.graph_objects as go
 
-from stepscope.figures.base import BASE_LAYOUT, merged, message_figure
+from stepscope.figures.base import BASE_LAYOUT, merged, message_figure, vline
 from stepscope.query.goodput import JobGoodput
 from stepscope.schema import GOODPUT_CATEGORIES
 from stepscope.text.labels import goodput_category
@@ -63,3 +66,63 @@ def goodput_figure(answer: JobGoodput) -> go.Figure:
         },
     )
     return go.Figure(traces, layout)
+
+
+RESTART_COLOR = "#37474f"
+
+
+def goodput_time_figure(answer: JobGoodput) -> go.Figure:
+    """Goodput over time: per window, the mean number of GPUs in each category (stacked, so
+    the stack is the world size), with a dashed line where each restart's processes began."""
+    frame = answer.windows
+    if frame is None or frame.height == 0 or not answer.window_s:
+        return message_figure("No goodput over time yet: no lifecycle events or steps stored")
+    x = [_utc(t) for t in frame["start"].to_list()]
+    traces = []
+    for category in GOODPUT_CATEGORIES:
+        gpus = (frame[category] / answer.window_s).to_list()
+        if not any(abs(v) > 1e-12 for v in gpus):
+            continue
+        traces.append(
+            go.Scatter(
+                name=goodput_category(category),
+                x=x,
+                y=gpus,
+                mode="lines",
+                line={"width": 0.5, "shape": "hv", "color": GOODPUT_COLORS[category]},
+                stackgroup="goodput",
+                hovertemplate=f"{goodput_category(category, long=True)}: %{{y:.2f}} GPUs"
+                "<extra></extra>",
+            )
+        )
+    restarts = answer.result.incarnations[1:]
+    layout = merged(
+        BASE_LAYOUT,
+        {
+            "height": 320,
+            "xaxis": {"title": {"text": f"time (UTC), {answer.window_s:g} s windows"}},
+            "yaxis": {"title": {"text": "GPUs (mean in the window)"}},
+            "shapes": [
+                vline(_utc(i.started_at), RESTART_COLOR, "dash")  # type: ignore[arg-type]
+                for i in restarts
+            ],
+            "annotations": [
+                {
+                    "x": _utc(i.started_at),
+                    "y": 1,
+                    "xref": "x",
+                    "yref": "paper",
+                    "text": f"restart {i.index}",
+                    "showarrow": False,
+                    "xanchor": "left",
+                    "yanchor": "bottom",
+                }
+                for i in restarts
+            ],
+        },
+    )
+    return go.Figure(traces, layout)
+
+
+def _utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)

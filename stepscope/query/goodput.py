@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from stepscope.analysis import goodput as gp
 from stepscope.query.common import require_job
+from stepscope.query.memo import per_pass
 from stepscope.store import frames, reads, tables
 
 LIFECYCLE_KINDS = ("start", "resume", "phase", "exit", "exception")
@@ -24,6 +25,8 @@ _ROLLUP_COLUMNS = (
     "comm_wait_s_mean",
     "comm_wait_s_min",
 )
+MAX_WINDOWS = 10_000
+"""Most windows a goodput answer holds."""
 _RESPONSIBLE_KINDS = {
     "straggler_wait": ("straggler_rank", "straggler_node"),
     "data": ("dataloader_stall",),
@@ -42,10 +45,24 @@ class JobGoodput:
     culprits, the ranks whose exception ended an incarnation."""
     ranks: dict[int, gp.Goodput] | None
     """Per rank (on request)."""
+    window_s: float | None = None
+    """The length of the windows (None when the job has no GPU-time yet)."""
+    windows: pl.DataFrame | None = None
+    """Per window: start, end, gpu_s and every category's GPU-seconds (gp.windows)."""
 
 
-def job_goodput(engine: sa.Engine, job_id: str, *, per_rank: bool = False) -> JobGoodput:
-    """The job's goodput; `per_rank` adds every rank's (reads the raw step rows)."""
+@per_pass
+def job_goodput(
+    engine: sa.Engine,
+    job_id: str,
+    *,
+    per_rank: bool = False,
+    window_s: float | None = None,
+    with_windows: bool = True,
+) -> JobGoodput:
+    """The job's goodput; `per_rank` adds every rank's (reads the raw step rows), and its
+    windows of `window_s` seconds (default: gp.default_window_s of the job's span). Computed
+    once per analyzer pass of the job (stepscope.query.memo), like its other rollup answers."""
     job = require_job(engine, job_id)
     rollup = reads.read_rollup(engine, tables.step_rollups, job_id, columns=_ROLLUP_COLUMNS)
     steps = gp.job_steps(rollup)
@@ -74,11 +91,23 @@ def job_goodput(engine: sa.Engine, job_id: str, *, per_rank: bool = False) -> Jo
                 ranks=[rank],
                 ideal=ideal,
             )
+    span_s = result.ended_at - result.started_at
+    windows = None
+    if with_windows and math.isfinite(span_s) and span_s > 0:
+        window_s = window_s or gp.default_window_s(span_s)
+        if span_s / window_s > MAX_WINDOWS:
+            raise ValueError(
+                f"window_s: {window_s:g} s cuts the job's {span_s:.0f} s in more than "
+                f"{MAX_WINDOWS:,} windows; give at least {span_s / MAX_WINDOWS:.3g} s"
+            )
+        windows = gp.windows(result, window_s)
     return JobGoodput(
         job_id=job_id,
         result=result,
         responsible=_responsible(stored_findings, result),
         ranks=ranks,
+        window_s=window_s if windows is not None else None,
+        windows=windows,
     )
 
 

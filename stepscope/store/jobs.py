@@ -34,6 +34,23 @@ def active_jobs(engine: sa.Engine, *, seen_within_s: float) -> dict[str, float]:
         return {job_id: float(last_seen) for job_id, last_seen in conn.execute(query)}
 
 
+def jobs_between(
+    engine: sa.Engine, *, started_before: float, ended_after: float, limit: int
+) -> list[tuple[str, str | None]]:
+    """(job_id, name) of at most `limit` jobs started before `started_before` that had not
+    ended by `ended_after` (or have no end), by id."""
+    j = tables.jobs.c
+    query = (
+        sa.select(j.job_id, j.name)
+        .where(j.started_at < started_before)
+        .where(sa.or_(j.ended_at.is_(None), j.ended_at >= ended_after))
+        .order_by(j.job_id)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [(str(job_id), name) for job_id, name in conn.execute(query)]
+
+
 def rank_nodes(engine: sa.Engine, job_id: str) -> tuple[dict[int, str], list[int]]:
     """The job's ranks that reported, and the node of each that named one."""
     ranks = frames.read_frame(engine, "ranks", job_id, columns=["rank", "node"])

@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 from typing import TypeGuard
 
+from stepscope.schema import GOODPUT_METRICS
+
 UNKNOWN = "–"
 """What an unknown value (None, NaN, infinite) prints as."""
 _SI = ((1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k"))
@@ -82,11 +84,11 @@ def integer(value: int | None) -> str:
 
 def value(metric: str | None, number: float | None, *, precise: bool = False) -> str:
     """A metric's value in its unit, told by its name: seconds for `*_s`, a rate for
-    `*_per_s`, a bandwidth for `*_bps`, a percentage for `mfu`. `precise` (the CI gate's
-    tables) gives 4 significant digits and percentages to 0.01%."""
+    `*_per_s`, a bandwidth for `*_bps`, a percentage for `mfu` and the goodput shares.
+    `precise` (the CI gate's tables) gives 4 significant digits and percentages to 0.01%."""
     digits = 4 if precise else 3
     metric = metric or ""
-    if metric == "mfu":
+    if metric == "mfu" or metric in GOODPUT_METRICS:
         return share(number, 2 if precise else 1)
     if metric.endswith("_per_s"):
         return f"{rate(number, digits)}/s" if known(number) else UNKNOWN

@@ -100,8 +100,8 @@ def _event(rank: int, ts: float, kind: str, message: str | None = None, **attrs:
     return (rank, ts, kind, message, json.dumps(attrs))
 
 
-def test_the_worked_example_of_the_docs() -> None:
-    """docs/goodput.md's worked example, built as the store would hold it."""
+def worked_example() -> Goodput:
+    """docs/goodput.md's worked example, built as the store would hold it, scored."""
     events = []
     for r in range(4):
         first, second = f"a{r}", f"b{r}"
@@ -133,7 +133,11 @@ def test_the_worked_example_of_the_docs() -> None:
         schema=["rank", "ts", "kind", "message", "attributes"],
         orient="row",
     )
-    result = goodput(steps, lifecycles(frame), world_size=4)
+    return goodput(steps, lifecycles(frame), world_size=4)
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    result = worked_example()
     assert result.total_s == pytest.approx(310.0)
     expected = {
         "productive": 32.0,

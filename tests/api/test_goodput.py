@@ -3,7 +3,7 @@ sent through the wire protocol, against its known truth."""
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from stepscope.schema import GOODPUT_CATEGORIES
-from stepscope.synthetic.goodput_timelines import Failure, Scenario, Timeline, generate
+from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
+from tests.goodput_jobs import batches
 from tests.live_server import RunningServer, run_server
 
 JOB = "goodput-restart"
@@ -21,38 +22,6 @@ JOB = "goodput-restart"
 def server(db_url: str) -> Iterator[RunningServer]:
     with run_server(db_url) as running:
         yield running
-
-
-def batches(timeline: Timeline, job_id: str) -> list[dict[str, Any]]:
-    """One wire batch per rank: its step rows and its events."""
-    assert timeline.rank_rows is not None
-    out = []
-    for rank in range(timeline.world_size):
-        rows = timeline.rank_rows.filter(timeline.rank_rows["rank"] == rank)
-        events = timeline.events.filter(timeline.events["rank"] == rank)
-        out.append(
-            {
-                "schema": 1,
-                "job": {"job_id": job_id, "world_size": timeline.world_size},
-                "source": {"rank": rank, "incarnation": "one-sender"},
-                "seq": 0,
-                "steps": {
-                    c: rows[c].to_list() for c in ("step", "ts", "step_s", "data_s", "comm_wait_s")
-                },
-                "events": [
-                    {
-                        "ts": ts,
-                        "kind": kind,
-                        "message": message,
-                        "attributes": json.loads(attributes),
-                    }
-                    for ts, kind, message, attributes in events.select(
-                        "ts", "kind", "message", "attributes"
-                    ).iter_rows()
-                ],
-            }
-        )
-    return out
 
 
 def test_goodput_of_a_restarted_job_matches_its_truth(server: RunningServer) -> None:
@@ -87,6 +56,39 @@ def test_goodput_of_a_restarted_job_matches_its_truth(server: RunningServer) -> 
             assert rank_doc["goodput"] == pytest.approx(doc["goodput"], abs=0.01)
 
         assert client.get("/api/v1/jobs/nope/goodput").status_code == 404
+        _assert_windows(client, doc)
+
+
+def _assert_windows(client: httpx.Client, doc: dict[str, Any]) -> None:
+    """Goodput over time: the default windows cover the job and add up to its totals; 5 s
+    windows inside the restart's downtime hold restart downtime alone."""
+    span_s = doc["ended_at"] - doc["started_at"]
+    default = doc["windows"]
+    assert doc["window_s"] > 0
+    assert len(default) == math.ceil(span_s / doc["window_s"] - 1e-9)
+    assert len(default) <= 100
+    assert default[0]["start"] == pytest.approx(doc["started_at"])
+    assert sum(w["gpu_s"] for w in default) == pytest.approx(doc["total_gpu_s"], rel=1e-9)
+    for category in GOODPUT_CATEGORIES:
+        in_windows = sum(w["categories"][category] for w in default)
+        assert in_windows == pytest.approx(doc["categories"][category]["gpu_s"], abs=1e-6)
+    five = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": 5}).json()
+    assert five["window_s"] == 5.0
+    down_from = doc["incarnations"][0]["ended_at"]
+    down_to = doc["incarnations"][1]["started_at"]
+    assert down_to - down_from == pytest.approx(40.0, abs=5.0)
+    inside = [w for w in five["windows"] if w["start"] >= down_from and w["end"] <= down_to]
+    assert len(inside) >= 6
+    for w in inside:
+        assert w["categories"]["restart_downtime"] == pytest.approx(w["gpu_s"], rel=1e-9)
+        assert w["gpu_s"] == pytest.approx(4 * 5.0)
+    for bad in ("0", "-3", "soon"):
+        response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": bad})
+        assert response.status_code == 422
+        assert "window_s" in response.text
+    response = client.get(f"/api/v1/jobs/{JOB}/goodput", params={"window_s": 0.001})
+    assert response.status_code == 422
+    assert "window_s" in response.json()["detail"]
 
 
 def test_a_lifecycle_event_missing_an_attribute_is_refused_whole(server: RunningServer) -> None:

@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
+from stepscope.text.labels import goodput_category
 from stepscope.text.numbers import share
-from tests.api.test_goodput import batches
+from tests.goodput_jobs import batches
 from tests.live_server import RunningServer, run_server
 
 JOB = "cli-goodput"
@@ -69,3 +70,47 @@ def test_show_prints_the_goodput_and_its_top_causes(server: RunningServer) -> No
     assert "GPU-h lost" in headline
     assert "restart" in top
     assert len(top) <= 80
+
+
+def test_goodput_since_prints_the_fleet_from_a_server_and_a_database(
+    server: RunningServer,
+) -> None:
+    job = httpx.get(f"{server.url}/api/v1/jobs/{JOB}/goodput").json()
+    middle = (job["started_at"] + job["ended_at"]) / 2
+    window = {"since": job["started_at"], "until": middle}
+    fleet = httpx.get(f"{server.url}/api/v1/goodput", params=window).json()
+    assert fleet["gpu_hours"] == pytest.approx(
+        job["world_size"] * (middle - job["started_at"]) / 3600
+    )
+    for source in (("--url", server.url), ("--db", server.db_url)):
+        everything = cli("goodput", "--since", "1970-01-01T00:00", *source).splitlines()
+        assert everything[0].startswith(
+            f"goodput {share(job['goodput'])} of {job['total_gpu_s'] / 3600:,.2f} GPU-h "
+            "over 1 job(s)"
+        )
+        [row] = [line for line in everything if line.startswith(f"{JOB}: ")]
+        largest = max(
+            (c for c in job["categories"] if c != "productive"),
+            key=lambda c: job["categories"][c]["gpu_s"],
+        )
+        assert f"most lost: {goodput_category(largest)} " in row
+        part = cli("goodput", "--since", str(window["since"]), "--until", str(middle), *source)
+        first = part.splitlines()[0]
+        assert first.startswith(f"goodput {share(fleet['goodput'])} of ")
+        assert all(len(line) <= 80 for line in part.splitlines())
+    both = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "goodput", JOB, "--since", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert both.returncode == 2
+    assert "not both" in both.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "goodput", "--since", "yesterday"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "--since must be epoch seconds or an ISO 8601 time" in bad.stderr

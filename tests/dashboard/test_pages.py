@@ -147,6 +147,14 @@ def test_job_page_draws_the_ingested_values(browser: Any, site: Site, artifacts:
         assert productive["x"][0] == pytest.approx(
             answer.result.categories["productive"] / 3600, rel=1e-6
         )
+        over_time = t.trace("job-goodput-time", "productive")
+        assert answer.windows is not None
+        assert answer.window_s is not None
+        assert len(over_time["y"]) == answer.windows.height
+        assert sum(over_time["y"]) * answer.window_s == pytest.approx(
+            answer.result.categories["productive"], rel=1e-6
+        )
+        assert t.trace("job-goodput-time", "straggler wait")["y"]
         causes = t.page.locator("#job-goodput-causes").inner_text()
         assert causes.startswith("Top badput: ")
         assert "straggler wait" in causes

@@ -51,6 +51,7 @@ ROUTES = [
     Route("GET", "/api/v1/jobs/{job_id}/mesh", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/hang", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/goodput", "read"),
+    Route("GET", "/api/v1/goodput", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/collectives", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/gpu", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/export", "read"),
@@ -82,6 +83,8 @@ def call(secured: Secured, route: Route, token: str | None) -> httpx.Response:
     job_id = DOOMED if route.method == "DELETE" else JOB
     path = route.template.format(job_id=job_id)
     params = {"baseline": JOB, "candidate": JOB} if path.endswith("/compare") else None
+    if path.endswith("/api/v1/goodput"):
+        params = {"since": 0}
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     body = None
     if path == "/v1/ingest":

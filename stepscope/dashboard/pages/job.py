@@ -65,8 +65,9 @@ def _goodput_section(answer: JobGoodput) -> html.Section:
             id=ids.JOB_GOODPUT_CAUSES,
         ),
         ui.graph(ids.JOB_GOODPUT, figures.goodput_figure(answer)),
+        ui.graph(ids.JOB_GOODPUT_TIME, figures.goodput_time_figure(answer)),
         note="Every GPU-second of the job in one category, per incarnation (a restart starts "
-        "a new bar); see docs/goodput.md.",
+        "a new bar) and over time (dashed: a restart's processes began); see docs/goodput.md.",
     )
 
 
