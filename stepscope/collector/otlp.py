@@ -151,12 +151,15 @@ def sort_points(
     placed, unplaced = otlp_points.place(finite, lookup)
     digest = hashlib.sha256(body).digest()
     batches: list[dict[str, object]] = []
-    num_gpu = num_metrics = 0
+    num_gpu = num_metrics = num_repeated = 0
     for (job_id, rank), points in placed.items():
         gpu: list[Point] = [p for p in points if otlp_points.gpu_column(p) is not None]
         other = [p for p in points if otlp_points.gpu_column(p) is None]
+        metrics = otlp_points.metric_rows(job_id, rank, other) if other else None
         num_gpu += len(gpu)
-        num_metrics += len(other)
+        num_stored = len(metrics["ts"]) if metrics else 0
+        num_metrics += num_stored
+        num_repeated += len(other) - num_stored
         key = hashlib.sha256(digest + f"{job_id}\0{rank}".encode()).digest()
         host = otlp_points.first(points[0].attributes, otlp_points.HOST_KEYS)
         batches.append(
@@ -170,7 +173,7 @@ def sort_points(
                 # A resent body is the same batch: stored once (the idempotency key).
                 "seq": int.from_bytes(key[:8], "big") >> 1,
                 "sections": {"gpu": otlp_points.gpu_rows(job_id, rank, gpu)} if gpu else {},
-                "metrics": otlp_points.metric_rows(job_id, rank, other) if other else None,
+                "metrics": metrics,
             }
         )
     problems = []
@@ -186,12 +189,17 @@ def sort_points(
         )
     if num_nonfinite:
         problems.append(f"{num_nonfinite} point(s) without a time or with a NaN or infinite value")
+    if num_repeated:
+        problems.append(
+            f"{num_repeated} point(s) repeated a series (metric and attributes) at one time: "
+            "the last of each is stored"
+        )
     return Sorted(
         batches=batches,
         num_gpu=num_gpu,
         num_metrics=num_metrics,
         num_unplaced=len(unplaced),
-        num_rejected=len(unplaced) + flat.num_unsupported + num_nonfinite,
+        num_rejected=len(unplaced) + flat.num_unsupported + num_nonfinite + num_repeated,
         message="; ".join(problems),
     )
 

@@ -68,7 +68,7 @@ def wire_batches(draw: st.DrawFn) -> dict[str, Any]:
         "events": [{"ts": 1.7e9, "kind": "custom", "message": "m", "attributes": {"a": 1}}],
     }
     for _ in range(draw(st.integers(0, 3))):
-        container, key = draw(st.sampled_from(list(_places(doc))))
+        container, key = draw(st.sampled_from(list(places(doc))))
         if draw(st.booleans()) and isinstance(container, dict):
             del container[key]
         else:
@@ -76,13 +76,13 @@ def wire_batches(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-def _places(value: Any) -> Iterator[tuple[Any, Any]]:
+def places(value: Any) -> Iterator[tuple[Any, Any]]:
     """Every (container, key) of a JSON value, at any depth."""
     items = value.items() if isinstance(value, dict) else enumerate(value)
     for key, child in list(items):
         yield value, key
         if isinstance(child, dict | list) and child:
-            yield from _places(child)
+            yield from places(child)
 
 
 def _counts(engine: sa.Engine) -> dict[str, int]:
