@@ -219,11 +219,7 @@ def _robust_var(x: Floats) -> float:
 
 def _group_median(codes: NDArray[np.int64], values: Floats, size: int) -> Floats:
     """Median of `values` per code 0..size-1 (0 where a code has none)."""
-    medians = (
-        pl.DataFrame({"c": codes, "v": values})
-        .group_by("c")
-        .agg(pl.col("v").median())
-    )
+    medians = pl.DataFrame({"c": codes, "v": values}).group_by("c").agg(pl.col("v").median())
     out = np.zeros(size)
     out[medians["c"].to_numpy()] = medians["v"].to_numpy()
     return out
