@@ -12,8 +12,9 @@ time over the job's median rank) with a standard error. The model, on the log sc
 - `noise` is the job-to-job variation of a node (its interaction with the job: data, place
   in the mesh, neighbours): a variance tau² estimated robustly from all the residuals, so a
   job counts with sigma² = tau² + se² and no job is ever measured better than tau.
-- Evidence: a robust score of "effect > 0": the sum over the node's jobs of its standardised
-  residuals, each clipped at `clip` sigmas, over its null spread. One job adds at most
+- Evidence: a robust score of "effect > tolerance" (hardware is never quite equal): the sum
+  over the node's jobs of its standardised residuals less the tolerance, each clipped at
+  `clip` sigmas, over its null spread. One job adds at most
   `clip`, so one job (or two) never reaches the suspicion threshold whatever it shows.
 - Shrinkage (empirical Bayes): a node's effect is its Huber mean × s² / (s² + v), v its
   variance (tau² and the se's over its jobs), s² the spread of true effects over the fleet
@@ -61,6 +62,9 @@ class FleetConfig:
 
     min_effect: float = 0.02
     """Smallest node effect (relative step time) a suspect has."""
+    tolerance: float = 0.01
+    """Effects up to this are the normal spread of hardware: the evidence (and confidence)
+    is that a node is slower than this."""
     min_confidence: float = 0.95
     """Smallest confidence a suspect has."""
     min_jobs: int = 3
@@ -75,6 +79,8 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if not 0 < self.min_effect < 1 or not 0 < self.min_confidence < 1:
             raise ValueError("min_effect and min_confidence must be in (0, 1)")
+        if not 0 <= self.tolerance <= self.min_effect:
+            raise ValueError("tolerance must be in [0, min_effect]")
         if self.min_jobs < 1 or self.min_side_jobs < 1 or self.clip <= 0 or self.split_z <= 0:
             raise ValueError("min_jobs, min_side_jobs, clip and split_z must be > 0")
 
@@ -128,7 +134,7 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
         tau2 = _robust_var(r - effect[node_code]) - float(np.median(se2))
     tau2 = max(tau2, 1e-8)
     sigma = np.sqrt(tau2 + se2)
-    score = np.clip(r / sigma, -config.clip, config.clip)
+    score = np.clip((r - math.log1p(config.tolerance)) / sigma, -config.clip, config.clip)
     spread = np.clip((r - effect[node_code]) / sigma, -config.clip, config.clip)
     null_var = max(float(np.mean(spread**2)), 0.25)
 

@@ -12,14 +12,17 @@ slow in one job only (`one_off_factor`). Used by tests and benchmarks/fleet_heal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from stepscope.analysis.node_levels import job_levels
+from stepscope.store import tables
 from stepscope.synthetic.generate import node_name
 
 
@@ -31,6 +34,10 @@ class FleetSpec:
     num_jobs: int = 200
     slow_nodes: dict[int, float] = field(default_factory=lambda: {7: 1.03, 23: 1.06, 51: 1.10})
     """Node number → its own-time factor in every job (1.05: 5 % slow)."""
+    slow_from_job: dict[int, int] = field(default_factory=dict)
+    """Slow node → the first job it is slow in (default: every job)."""
+    slow_until_job: dict[int, int] = field(default_factory=dict)
+    """Slow node → the first job it is no longer slow in (repaired; default: never)."""
     one_job_slow: tuple[tuple[int, int, float], ...] = ()
     """(node, job, factor): a node slow in that job only (on top of the random one-offs)."""
     nodes_per_job: tuple[int, ...] = (2, 4, 8, 16)
@@ -57,6 +64,12 @@ class FleetSpec:
         if any(not 0 <= n < self.num_nodes for n in self.slow_nodes):
             raise ValueError("slow node outside the fleet")
 
+    def factor(self, node: int, job: int) -> float:
+        """The chronic own-time factor of node number `node` in job number `job`."""
+        slow = self.slow_nodes.get(node, 1.0)
+        on = self.slow_from_job.get(node, 0) <= job < self.slow_until_job.get(node, self.num_jobs)
+        return slow if on else 1.0
+
 
 @dataclass(kw_only=True, slots=True)
 class FleetJob:
@@ -79,7 +92,7 @@ def fleet_jobs(spec: FleetSpec) -> Iterator[FleetJob]:
     for j in range(spec.num_jobs):
         size = int(rng.choice(spec.nodes_per_job))
         placed = rng.choice(spec.num_nodes, size=size, replace=False)
-        factor = np.array([spec.slow_nodes.get(int(n), 1.0) for n in placed])
+        factor = np.array([spec.factor(int(n), j) for n in placed])
         factor *= np.exp(spec.job_noise * rng.standard_normal(size))
         one_off = rng.random(size) < spec.one_off_prob
         factor[one_off] *= rng.uniform(*spec.one_off_factor, size=int(one_off.sum()))
@@ -117,6 +130,30 @@ def fleet_levels(spec: FleetSpec, *, with_gpus: bool = False) -> pl.DataFrame:
         )
         parts.append(levels.with_columns(job_id=pl.lit(job.job_id), ts=pl.lit(job.ts)))
     return pl.concat(parts)
+
+
+def write_fleet(engine: sa.Engine, levels: pl.DataFrame, *, now: float | None = None) -> None:
+    """Store `fleet_levels` output as if each job had been analysed: a finished jobs row and
+    its node_levels rows, in one transaction."""
+    now = time.time() if now is None else now
+    per_job = levels.group_by("job_id", maintain_order=True).agg(
+        pl.col("ts").first(), pl.col("num_ranks").filter(pl.col("gpu") == "").sum()
+    )
+    job_rows = [
+        {
+            "job_id": j["job_id"],
+            "name": f"fleet job {j['job_id']}",
+            "world_size": int(j["num_ranks"]),
+            "started_at": j["ts"],
+            "ended_at": j["ts"] + 600.0,
+            "status": "finished",
+        }
+        for j in per_job.to_dicts()
+    ]
+    level_rows = levels.with_columns(updated_at=pl.lit(now)).to_dicts()
+    with engine.begin() as conn:
+        conn.execute(sa.insert(tables.jobs), job_rows)
+        conn.execute(sa.insert(tables.node_levels), level_rows)
 
 
 def slow_node_names(spec: FleetSpec) -> dict[str, float]:
