@@ -16,9 +16,10 @@ time over the job's median rank) with a standard error. The model, on the log sc
   over the node's jobs of its standardised residuals less the tolerance, each clipped at
   `clip` sigmas, over its null spread. One job adds at most
   `clip`, so one job (or two) never reaches the suspicion threshold whatever it shows.
-- Shrinkage (empirical Bayes): a node's effect is its Huber mean × s² / (s² + v), v its
-  variance (tau² and the se's over its jobs), s² the spread of true effects over the fleet
-  (method of moments, never below `min_effect`²): few or noisy jobs pull it toward 0.
+- Shrinkage (empirical Bayes): a node's effect is the posterior mode of its Huber
+  likelihood under a normal prior at 0 whose variance s² is the spread of true effects over
+  the fleet (method of moments over the nodes' Huber means, never below `tolerance`²): few
+  or noisy jobs pull it toward 0, and one job moves it at most 1.5 s²/sigma.
 - Since when: the single most significant change of a node's clipped scores over time (a
   CUSUM split); when significant, only the jobs after it describe the node now, and their
   first is "since". A repaired node's old jobs stop counting against it.
@@ -43,7 +44,7 @@ Floats = NDArray[np.float64]
 _PHI = NormalDist()
 _HUBER_K = 1.5
 """Huber's constant of the effect's M-estimate, in sigmas."""
-_ITERATIONS = 4
+_ITERATIONS = 8
 """Alternations of job offsets and node effects (from effects of 0)."""
 
 INPUT_SCHEMA = {
@@ -73,7 +74,7 @@ class FleetConfig:
     """Most sigmas one job adds to a node's evidence."""
     split_z: float = 3.5
     """Significance (sigmas) of a change over time that starts a node's current period."""
-    min_side_jobs: int = 3
+    min_side_jobs: int = 5
     """Fewest jobs on either side of such a change."""
 
     def __post_init__(self) -> None:
@@ -148,8 +149,10 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
     v = np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
     has = n_now >= config.min_jobs
     prior2 = float(np.mean(effect_now[has] ** 2 - v[has])) if has.any() else 0.0
-    prior2 = max(prior2, math.log1p(config.min_effect) ** 2)
-    shrunk = effect_now * prior2 / (prior2 + v)
+    prior2 = max(prior2, math.log1p(config.tolerance) ** 2)
+    shrunk = _huber(
+        node_code[current], r[current], sigma[current] ** 2, num_nodes, prior_precision=1 / prior2
+    )
 
     p_one = np.array([1.0 - _PHI.cdf(float(s)) for s in z])
     confidence = np.clip(1.0 - p_one * num_nodes, 0.0, 1.0)
@@ -237,16 +240,23 @@ def _group_min(codes: NDArray[np.int64], values: Floats, size: int) -> Floats:
     return np.where(np.isfinite(out), out, np.nan)
 
 
-def _huber(codes: NDArray[np.int64], r: Floats, sigma2: Floats, size: int) -> Floats:
+def _huber(
+    codes: NDArray[np.int64], r: Floats, sigma2: Floats, size: int, prior_precision: float = 0.0
+) -> Floats:
     """Per code, the Huber M-estimate of the location of `r` (weights 1/sigma2), from the
-    median, by three reweighting steps."""
+    median, by reweighting steps; with `prior_precision`, the posterior mode under a normal
+    prior at 0 of that precision (one job then moves it at most Huber's k × sigma ×
+    precision-ratio: bounded influence)."""
     mu = _group_median(codes, r, size)
+    if prior_precision > 0:
+        mu *= 0.0
     w0 = 1.0 / sigma2
     sigma = np.sqrt(sigma2)
-    for _ in range(3):
+    for _ in range(3 if prior_precision == 0 else 8):
         u = np.abs(r - mu[codes]) / sigma
         w = w0 * np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-12))
         total = np.bincount(codes, w, minlength=size)
+        total += prior_precision
         mu = np.where(total > 0, np.bincount(codes, w * r, minlength=size) / total, 0.0)
     return mu
 
