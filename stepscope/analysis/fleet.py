@@ -255,8 +255,7 @@ def _huber(
     for _ in range(3 if prior_precision == 0 else 8):
         u = np.abs(r - mu[codes]) / sigma
         w = w0 * np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-12))
-        total = np.bincount(codes, w, minlength=size)
-        total += prior_precision
+        total = np.bincount(codes, w, minlength=size).astype(np.float64) + prior_precision
         mu = np.where(total > 0, np.bincount(codes, w * r, minlength=size) / total, 0.0)
     return mu
 

@@ -29,9 +29,7 @@ T = TypeVar("T")
 JobIdArgument = Annotated[str, typer.Argument(help="A stored job")]
 
 
-def _reading(
-    db: str | None, url: str | None, token: str | None, read: Callable[[JobStore], T]
-) -> T:
+def reading(db: str | None, url: str | None, token: str | None, read: Callable[[JobStore], T]) -> T:
     """What `read(store)` returns from the store the options name; its errors exit 1."""
     from stepscope.client import StoreError
 
@@ -143,7 +141,7 @@ def jobs(
         cursor=cursor,
         limit=limit,
     )
-    page = _reading(db, url, token, lambda r: r.jobs(request))
+    page = reading(db, url, token, lambda r: r.jobs(request))
     if output == "json":
         typer.echo(page.model_dump_json(indent=2))
     else:
@@ -161,7 +159,7 @@ def show(
     from stepscope.cli.output import goodput_headline, print_summary
 
     checked_output(output)
-    summary, found, goodput = _reading(
+    summary, found, goodput = reading(
         db,
         url,
         token,
@@ -213,7 +211,7 @@ def goodput(
     from stepscope.cli.output import print_goodput
 
     checked_output(output)
-    answer = _reading(db, url, token, lambda r: r.goodput(job_id))
+    answer = reading(db, url, token, lambda r: r.goodput(job_id))
     if output == "json":
         typer.echo(answer.model_dump_json(indent=2))
     else:
@@ -232,7 +230,7 @@ def findings(
     from stepscope.client import findings_json
 
     checked_output(output)
-    found = _reading(db, url, token, lambda r: r.findings(job_id))
+    found = reading(db, url, token, lambda r: r.findings(job_id))
     if output == "json":
         typer.echo(findings_json(found))
     else:
@@ -273,6 +271,6 @@ def export(
         partial.replace(out)
         return size
 
-    size = _reading(db, url, token, write)
+    size = reading(db, url, token, write)
     if str(out) != "-":
         stderr.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")

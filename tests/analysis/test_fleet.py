@@ -26,7 +26,8 @@ def test_the_three_chronically_slow_nodes_are_the_top_suspects_within_a_point(se
     assert set(top["node"]) == set(truth)
     for row in top.to_dicts():
         assert abs(row["effect"] - truth[row["node"]]) <= 0.01, row
-        assert row["suspect"] and row["confidence"] >= 0.95
+        assert row["suspect"]
+        assert row["confidence"] >= 0.95
         assert row["num_jobs"] >= 10  # nodes are shared: each slow node is in many jobs
     healthy = nodes.filter(~pl.col("node").is_in(list(truth)))
     assert not healthy["suspect"].any()
@@ -111,8 +112,9 @@ def test_job_levels_give_each_node_and_gpu_its_excess_over_the_median_rank() -> 
     assert math.expm1(b["excess"]) == pytest.approx(0.05, abs=0.005)
     assert 0 < b["se"] < 0.002
     gpu9 = levels.filter(pl.col("gpu") == "GPU-9").row(0, named=True)
-    assert gpu9["node"] == "c" and gpu9["ranks"] == "9"
+    assert gpu9["node"] == "c"
+    assert gpu9["ranks"] == "9"
     assert math.expm1(gpu9["excess"]) == pytest.approx(0.20, abs=0.01)
     assert levels.filter(pl.col("gpu") != "").height == 12
-    alone = job_levels(own[:, :4], np.arange(4), {r: "a" for r in range(4)})
+    alone = job_levels(own[:, :4], np.arange(4), dict.fromkeys(range(4), "a"))
     assert alone.is_empty()  # one node: no level against itself
