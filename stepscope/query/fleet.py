@@ -157,7 +157,8 @@ class NodeDetail:
     jobs: list[dict[str, Any]]
     """Oldest first: job_id, name, ts, ranks, residual (relative), score, current."""
     gpus: list[dict[str, Any]]
-    """Per GPU UUID: ranks seen on, num_jobs, median and last excess (relative), last_ts."""
+    """Per GPU UUID: ranks seen on, num_jobs, median and last excess (relative, less each
+    job's offset), last_ts."""
     findings: list[dict[str, Any]]
     """The findings of its jobs that name it or one of its ranks there (with job_id)."""
 
@@ -180,7 +181,7 @@ def node_detail(engine: sa.Engine, node: str) -> NodeDetail:
     return NodeDetail(
         node=row[0] if row else _unfitted(node, own),
         jobs=job_list,
-        gpus=_gpus(rows.filter(pl.col("gpu") != "")),
+        gpus=_gpus(rows.filter(pl.col("gpu") != ""), job_rows),
         findings=_findings(engine, node, own),
     )
 
@@ -203,11 +204,19 @@ def _unfitted(node: str, own: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def _gpus(rows: pl.DataFrame) -> list[dict[str, Any]]:
+def _gpus(rows: pl.DataFrame, job_rows: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per GPU, its excess over its jobs' medians less each job's fitted offset (what the
+    model takes off the node's level, e.g. in a two-node job whose median it moved)."""
     if rows.is_empty():
         return []
+    offsets = job_rows.select(
+        "job_id",
+        (pl.col("level").log1p() - pl.col("residual").log1p()).fill_null(0.0).alias("offset"),
+    )
     table = (
-        rows.sort("ts")
+        rows.join(offsets, on="job_id", how="left")
+        .with_columns(pl.col("excess") - pl.col("offset").fill_null(0.0))
+        .sort("ts")
         .group_by("gpu", maintain_order=True)
         .agg(
             pl.col("ranks").unique().sort().str.join(",").alias("ranks"),
