@@ -8,7 +8,8 @@ time over the job's median rank) with a standard error. The model, on the log sc
 - `offset` absorbs what a job's median does not (a small job whose median a slow node moves)
   and `effect` the node's own slowness; they are fitted alternately, the offsets as medians
   over a job's nodes, the effects as Huber means over a node's jobs (so a few odd jobs move
-  them little).
+  them little), centred on the fleet's typical (median) node: an additive model fixes the
+  effects only up to a constant, and most nodes are healthy.
 - `noise` is the job-to-job variation of a node (its interaction with the job: data, place
   in the mesh, neighbours): a variance tau² estimated robustly from all the residuals, so a
   job counts with sigma² = tau² + se² and no job is ever measured better than tau.
@@ -132,6 +133,7 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
         r = x - offset[job_code]
         sigma2 = max(tau2, 1e-8) + se2
         effect = _huber(node_code, r, sigma2, num_nodes)
+        effect -= np.median(effect)  # effects are against the fleet's typical node
         tau2 = _robust_var(r - effect[node_code]) - float(np.median(se2))
     tau2 = max(tau2, 1e-8)
     sigma = np.sqrt(tau2 + se2)
