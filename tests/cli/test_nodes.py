@@ -1,7 +1,7 @@
-"""End to end through a real server: `stepscope simulate --nodes` places small jobs on four
-hosts, three a job, one of them 10 % slow in every job; the server analyses them; `stepscope nodes` names
-the slow host (from the server and from the database) and prints Slurm and kubectl lines
-that parse."""
+"""End to end through a real server: `stepscope simulate --nodes` places small jobs on three
+of four hosts each, one host 10 % slow in every job; the server analyses them; `stepscope
+nodes` names the slow host (from the server and from the database) and prints Slurm and
+kubectl lines that parse."""
 
 from __future__ import annotations
 
