@@ -6,8 +6,8 @@ time over the job's median rank) with a standard error. The model, on the log sc
     level[job, node] = offset[job] + effect[node] + noise[job, node] + error[job, node]
 
 - `offset` absorbs what a job's median does not (a small job whose median a slow node moves)
-  and `effect` the node's own slowness; they are fitted alternately, the offsets as medians
-  over a job's nodes, the effects as Huber means over a node's jobs (so a few odd jobs move
+  and `effect` the node's own slowness; they are fitted alternately, the offsets as Huber
+  means over a job's nodes, the effects as Huber means over a node's jobs (so a few odd jobs move
   them little), centred on the fleet's typical (median) node: an additive model fixes the
   effects only up to a constant, and most nodes are healthy.
 - `noise` is the job-to-job variation of a node (its interaction with the job: data, place
@@ -46,7 +46,9 @@ _PHI = NormalDist()
 _HUBER_K = 1.5
 """Huber's constant of the effect's M-estimate, in sigmas."""
 _ITERATIONS = 8
-"""Alternations of job offsets and node effects (from effects of 0)."""
+"""Alternations of job offsets and node effects (one Huber step each after the first)."""
+_WARM_ITERATIONS = 2
+"""Alternations from a previous fit's offsets and effects (a job more changes them little)."""
 
 INPUT_SCHEMA = {
     "job_id": pl.String,
@@ -102,10 +104,16 @@ class FleetHealth:
     """Job-to-job noise of a node (log units)."""
     prior_sd: float
     """Spread of the true effects over the fleet (log units), the shrinkage's prior."""
+    fit: pl.DataFrame | None = None
+    """The alternation's end: per job ("job", job_id, offset) and node ("node", node,
+    effect), log units: `fleet_health(..., start=fit)` refits from there."""
 
 
-def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> FleetHealth:
-    """Every node's effect, confidence and since-when from per-(job, node) levels."""
+def fleet_health(
+    levels: pl.DataFrame, config: FleetConfig | None = None, *, start: pl.DataFrame | None = None
+) -> FleetHealth:
+    """Every node's effect, confidence and since-when from per-(job, node) levels; `start`,
+    a previous fit's `fit`, makes a refit after a few new jobs take a few alternations."""
     config = config or FleetConfig()
     if "gpu" in levels.columns:  # node rows only (a GPU's row has its UUID there)
         levels = levels.filter(pl.col("gpu").fill_null("") == "")
@@ -114,27 +122,38 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
     frame = frame.with_columns(
         pl.col("se").fill_null(1.0).clip(lower_bound=1e-4), pl.col("ts").fill_null(0.0)
     )
-    sizes = frame.group_by("job_id").agg(pl.len().alias("_n"))
-    frame = frame.join(sizes.filter(pl.col("_n") >= 2), on="job_id").drop("_n")
     if frame.is_empty():
         return _empty()
-    job_code = (frame["job_id"].rank("dense") - 1).to_numpy().astype(np.int64)
-    node_code = (frame["node"].rank("dense") - 1).to_numpy().astype(np.int64)
-    node_names = frame["node"].unique().sort().to_numpy()
+    job_code = _codes(frame["job_id"])
+    sizes = np.bincount(job_code)
+    if (sizes[job_code] < 2).any():  # a job of one node says nothing about it
+        frame = frame.filter(pl.Series(sizes[job_code] >= 2))
+        if frame.is_empty():
+            return _empty()
+        job_code = _codes(frame["job_id"])
+    node_names = frame["node"].unique().sort()
+    node_code = frame["node"].cast(pl.Enum(node_names)).to_physical().to_numpy().astype(np.int64)
     x = frame["excess"].to_numpy().astype(np.float64)
     se2 = frame["se"].to_numpy().astype(np.float64) ** 2
     num_jobs = int(job_code.max()) + 1
-    num_nodes = node_names.size
+    num_nodes = node_names.len()
 
-    effect = np.zeros(num_nodes)
-    tau2 = _robust_var(x) - float(np.median(se2))
-    for _ in range(_ITERATIONS):
-        offset = _group_median(job_code, x - effect[node_code], num_jobs)
-        r = x - offset[job_code]
+    job_names = frame["job_id"].unique().sort()
+    effect, offset = _started(start, node_names, job_names)
+    median_se2 = float(np.median(se2))
+    tau2 = _robust_var(x) - median_se2
+    warm = effect is not None
+    for i in range(_WARM_ITERATIONS if warm else _ITERATIONS):
         sigma2 = max(tau2, 1e-8) + se2
-        effect = _huber(node_code, r, sigma2, num_nodes)
+        steps = 3 if i == 0 and not warm else 1  # later alternations start from the last
+        own = x if effect is None else x - np.take(effect, node_code)
+        offset = _huber(job_code, own, sigma2, num_jobs, start=offset, steps=steps)
+        r = x - np.take(offset, job_code)
+        effect = _huber(node_code, r, sigma2, num_nodes, start=effect, steps=steps)
         effect -= np.median(effect)  # effects are against the fleet's typical node
-        tau2 = _robust_var(r - effect[node_code]) - float(np.median(se2))
+        tau2 = _robust_var(r - np.take(effect, node_code)) - median_se2
+    assert effect is not None
+    assert offset is not None
     tau2 = max(tau2, 1e-8)
     sigma = np.sqrt(tau2 + se2)
     score = np.clip((r - math.log1p(config.tolerance)) / sigma, -config.clip, config.clip)
@@ -142,8 +161,11 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
     null_var = max(float(np.mean(spread**2)), 0.25)
 
     ts = frame["ts"].to_numpy().astype(np.float64)
-    current = _current(node_code, ts, score, null_var, num_nodes, config)
-    effect_now = _huber(node_code[current], r[current], sigma[current] ** 2, num_nodes)
+    periods = _periods(node_code, job_code, ts, score, null_var, num_nodes, config)
+    current = periods.current
+    effect_now = _huber(
+        node_code[current], r[current], sigma[current] ** 2, num_nodes, start=effect, steps=4
+    )
     n_now = np.bincount(node_code[current], minlength=num_nodes).astype(np.float64)
     sum_score = np.bincount(node_code[current], score[current], minlength=num_nodes)
     z = np.where(n_now > 0, sum_score / np.sqrt(np.maximum(n_now, 1.0) * null_var), 0.0)
@@ -153,7 +175,13 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
     prior2 = float(np.mean(effect_now[has] ** 2 - v[has])) if has.any() else 0.0
     prior2 = max(prior2, math.log1p(config.tolerance) ** 2)
     shrunk = _huber(
-        node_code[current], r[current], sigma[current] ** 2, num_nodes, prior_precision=1 / prior2
+        node_code[current],
+        r[current],
+        sigma[current] ** 2,
+        num_nodes,
+        start=effect_now,
+        steps=4,
+        prior_precision=1 / prior2,
     )
 
     p_one = np.array([1.0 - _PHI.cdf(float(s)) for s in z])
@@ -164,7 +192,6 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
         & (confidence >= config.min_confidence)
         & (rel >= config.min_effect)
     )
-    first_now = _group_min(node_code[current], ts[current], num_nodes)
     split = np.bincount(node_code[~current], minlength=num_nodes) > 0
     jobs = frame.select("job_id", "node", "ts").with_columns(
         residual=pl.Series(np.expm1(r)),
@@ -174,7 +201,7 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
     )
     nodes = pl.DataFrame(
         {
-            "node": node_names.astype(str),
+            "node": node_names,
             "effect": rel,
             "raw_effect": np.expm1(effect_now),
             "se": np.sqrt(v),
@@ -182,14 +209,38 @@ def fleet_health(levels: pl.DataFrame, config: FleetConfig | None = None) -> Fle
             "z": z,
             "num_jobs": n_now.astype(np.int64),
             "num_jobs_total": np.bincount(node_code, minlength=num_nodes).astype(np.int64),
-            "since": np.where(split | suspect, first_now, np.nan),
-            "first_ts": _group_min(node_code, ts, num_nodes),
-            "last_ts": -_group_min(node_code, -ts, num_nodes),
+            "since": np.where(split | suspect, periods.first_current_ts, np.nan),
+            "first_ts": periods.first_ts,
+            "last_ts": periods.last_ts,
             "suspect": suspect,
         }
     ).with_columns(pl.col("since").fill_nan(None))
     nodes = nodes.sort(["suspect", "effect", "confidence"], descending=True)
-    return FleetHealth(nodes=nodes, jobs=jobs, tau=math.sqrt(tau2), prior_sd=math.sqrt(prior2))
+    fit = pl.concat(
+        [
+            pl.DataFrame({"kind": "job", "name": job_names, "value": offset}),
+            pl.DataFrame({"kind": "node", "name": node_names, "value": effect}),
+        ]
+    )
+    return FleetHealth(
+        nodes=nodes, jobs=jobs, tau=math.sqrt(tau2), prior_sd=math.sqrt(prior2), fit=fit
+    )
+
+
+def _started(
+    start: pl.DataFrame | None, node_names: pl.Series, job_names: pl.Series
+) -> tuple[Floats | None, Floats | None]:
+    """A previous fit's (effects, offsets) on these nodes and jobs (0 for new ones)."""
+    if start is None or start.is_empty():
+        return None, None
+    out = []
+    for kind, names in (("node", node_names), ("job", job_names)):
+        values = np.zeros(names.len())
+        known = start.filter(pl.col("kind") == kind, pl.col("name").is_in(names.implode()))
+        at = known["name"].cast(pl.Enum(names)).to_physical().to_numpy()
+        values[at] = known["value"].to_numpy()
+        out.append(values)
+    return out[0], out[1]
 
 
 def _empty() -> FleetHealth:
@@ -224,74 +275,101 @@ def _empty() -> FleetHealth:
 
 
 def _robust_var(x: Floats) -> float:
-    """The normal-equivalent variance of `x` about 0 from its median absolute value."""
-    return float((MAD_TO_SIGMA * np.median(np.abs(x))) ** 2)
-
-
-def _group_median(codes: NDArray[np.int64], values: Floats, size: int) -> Floats:
-    """Median of `values` per code 0..size-1 (0 where a code has none)."""
-    medians = pl.DataFrame({"c": codes, "v": values}).group_by("c").agg(pl.col("v").median())
-    out = np.zeros(size)
-    out[medians["c"].to_numpy()] = medians["v"].to_numpy()
-    return out
-
-
-def _group_min(codes: NDArray[np.int64], values: Floats, size: int) -> Floats:
-    out = np.full(size, np.inf)
-    np.minimum.at(out, codes, values)
-    return np.where(np.isfinite(out), out, np.nan)
+    """The normal-equivalent variance of `x` about 0 from its median absolute value (of at
+    most about 100,000 of them, evenly spaced: plenty for a spread)."""
+    sample = x[:: max(1, x.size // 100_000)]
+    return float((MAD_TO_SIGMA * np.median(np.abs(sample))) ** 2)
 
 
 def _huber(
-    codes: NDArray[np.int64], r: Floats, sigma2: Floats, size: int, prior_precision: float = 0.0
+    codes: NDArray[np.int64],
+    r: Floats,
+    sigma2: Floats,
+    size: int,
+    *,
+    start: Floats | None = None,
+    steps: int = 3,
+    prior_precision: float = 0.0,
 ) -> Floats:
-    """Per code, the Huber M-estimate of the location of `r` (weights 1/sigma2), from the
-    median, by reweighting steps; with `prior_precision`, the posterior mode under a normal
-    prior at 0 of that precision (one job then moves it at most Huber's k × sigma ×
-    precision-ratio: bounded influence)."""
-    mu = _group_median(codes, r, size)
-    if prior_precision > 0:
-        mu *= 0.0
+    """Per code, the Huber M-estimate of the location of `r` (weights 1/sigma2) by `steps`
+    reweighting steps from `start` (the weighted means when None); with `prior_precision`,
+    the posterior mode under a normal prior at 0 of that precision (one job then moves it
+    at most Huber's k × sigma × its share of the precision: bounded influence). 0 where a
+    code has no value."""
     w0 = 1.0 / sigma2
-    sigma = np.sqrt(sigma2)
-    for _ in range(3 if prior_precision == 0 else 8):
-        u = np.abs(r - mu[codes]) / sigma
-        w = w0 * np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-12))
-        total = np.bincount(codes, w, minlength=size).astype(np.float64) + prior_precision
-        mu = np.where(total > 0, np.bincount(codes, w * r, minlength=size) / total, 0.0)
+    if start is None:
+        total = np.bincount(codes, w0, minlength=size) + prior_precision
+        start = np.bincount(codes, w0 * r, minlength=size) / np.where(total > 0, total, 1.0)
+    mu = start
+    inv_sigma = np.sqrt(w0)
+    for _ in range(steps):
+        u = np.abs(r - np.take(mu, codes))
+        u *= inv_sigma / _HUBER_K
+        np.maximum(u, 1.0, out=u)
+        w = w0 / u  # Huber's weights: 1 within k sigmas, k sigmas / |residual| beyond
+        total = np.bincount(codes, w, minlength=size) + prior_precision
+        mu = np.bincount(codes, w * r, minlength=size) / np.where(total > 0, total, 1.0)
     return mu
 
 
-def _current(
+def _codes(values: pl.Series) -> NDArray[np.int64]:
+    """0..n-1 for the n distinct values, in sorted order."""
+    return values.cast(pl.Enum(values.unique().sort())).to_physical().to_numpy().astype(np.int64)
+
+
+@dataclass(kw_only=True, slots=True)
+class _Periods:
+    current: NDArray[np.bool_]
+    """Per (job, node) row: after the node's change (every row of a node without one)."""
+    first_ts: Floats
+    last_ts: Floats
+    first_current_ts: Floats
+    """Per node."""
+
+
+def _periods(
     codes: NDArray[np.int64],
+    job_codes: NDArray[np.int64],
     ts: Floats,
     score: Floats,
     null_var: float,
     size: int,
     config: FleetConfig,
-) -> NDArray[np.bool_]:
-    """Per (job, node), whether it is after the node's most significant change over time
-    (every job where there is none): a CUSUM split of the clipped scores, in time order."""
-    order = np.lexsort((ts, codes))
-    c, s = codes[order], score[order]
-    n = np.bincount(c, minlength=size).astype(np.float64)
+) -> _Periods:
+    """Each node's current period: the jobs after its most significant change over time
+    (all of them where there is none), a CUSUM split of the clipped scores in time order;
+    and its first and last job's time. Every code 0..size-1 has a row."""
+    # One integer sort by (node, job in time order): a job's ts is its start, one per job.
+    num_jobs = int(job_codes.max()) + 1
+    job_ts = np.zeros(num_jobs)
+    job_ts[job_codes] = ts
+    job_rank = np.empty(num_jobs, dtype=np.int64)
+    job_rank[np.argsort(job_ts, kind="stable")] = np.arange(num_jobs)
+    order = np.argsort(codes * num_jobs + np.take(job_rank, job_codes))
+    c, s, t_sorted = codes[order], score[order], ts[order]
+    n = np.bincount(c, minlength=size)
     starts = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64)
-    k = np.arange(c.size) - starts[c] + 1.0  # jobs up to and including this one
+    ends = starts + n - 1
+    k = np.arange(c.size) - np.take(starts, c) + 1.0  # jobs up to and including this one
     cum = np.cumsum(s)
-    before = cum - (cum[starts[c]] - s[starts[c]])
-    total = np.bincount(c, s, minlength=size)[c]
-    nn = n[c]
+    before = cum - np.take(cum[starts] - s[starts], c)
+    total = np.take(np.bincount(c, s, minlength=size), c)
+    nn = np.take(n.astype(np.float64), c)
     after_n = nn - k
     valid = (k >= config.min_side_jobs) & (after_n >= config.min_side_jobs)
     with np.errstate(invalid="ignore", divide="ignore"):
         diff = (total - before) / after_n - before / k
         t = np.where(valid, np.abs(diff) * np.sqrt(k * after_n / nn / null_var), 0.0)
-    best = np.full(size, -1.0)
-    np.maximum.at(best, c, t)
-    at_best = (t == best[c]) & (t >= config.split_z)
-    cut = np.full(size, -1.0)
-    np.maximum.at(cut, c, np.where(at_best, k, -1.0))
-    keep_sorted = k > cut[c]
-    out = np.empty(c.size, dtype=bool)
-    out[order] = keep_sorted
-    return out
+    best = np.maximum.reduceat(t, starts)
+    at_best = (t == np.take(best, c)) & (t >= config.split_z)
+    cut = np.maximum.reduceat(np.where(at_best, k, -1.0), starts)
+    keep_sorted = k > np.take(cut, c)
+    current = np.empty(c.size, dtype=bool)
+    current[order] = keep_sorted
+    first_current = starts + np.maximum(cut, 0).astype(np.int64)
+    return _Periods(
+        current=current,
+        first_ts=t_sorted[starts],
+        last_ts=t_sorted[ends],
+        first_current_ts=t_sorted[first_current],
+    )

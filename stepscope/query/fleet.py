@@ -41,6 +41,8 @@ class _Cached:
     latest: float
     levels: pl.DataFrame
     health: FleetHealth | None = None
+    start: pl.DataFrame | None = None
+    """The previous fit's offsets and effects, where the next fit starts."""
 
 
 _cache: dict[str, _Cached] = {}
@@ -68,7 +70,10 @@ def _current(engine: sa.Engine) -> _Cached:
             levels = merged
     if levels is None:
         levels = node_levels.read_fleet_levels(engine)
-    entry = _Cached(count=levels.height, latest=latest, levels=levels)
+    start = None
+    if cached is not None:
+        start = cached.health.fit if cached.health is not None else cached.start
+    entry = _Cached(count=levels.height, latest=latest, levels=levels, start=start)
     with _lock:
         _cache[key] = entry
     return entry
@@ -80,7 +85,7 @@ def health(engine: sa.Engine, config: FleetConfig | None = None) -> FleetHealth:
     if config is not None:
         return fleet_health(entry.levels, config)
     if entry.health is None:
-        entry.health = fleet_health(entry.levels)
+        entry.health = fleet_health(entry.levels, start=entry.start)
     return entry.health
 
 

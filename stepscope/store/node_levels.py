@@ -59,7 +59,10 @@ def read_fleet_levels(
     engine: sa.Engine, *, updated_after: float | None = None, job_ids: Sequence[str] = ()
 ) -> pl.DataFrame:
     """Node rows (FLEET_COLUMNS) of every job, or of those updated after a time, or of the
-    jobs listed."""
+    jobs listed. All rows come Arrow-native; the few of an update through SQLAlchemy (an
+    Arrow read costs ~0.3 s however few rows it returns)."""
+    if updated_after is not None and not job_ids:
+        return _recent_rows(engine, updated_after)
     dialect = engine.dialect.name
     where = ["\"gpu\" = ''"]
     if updated_after is not None:
@@ -90,4 +93,16 @@ def read_node_rows(engine: sa.Engine, node: str) -> pl.DataFrame:
         "num_buckets": pl.Int64,
         "ts": pl.Float64,
     }
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _recent_rows(engine: sa.Engine, updated_after: float) -> pl.DataFrame:
+    t = tables.node_levels
+    query = sa.select(*(t.c[c] for c in FLEET_COLUMNS)).where(
+        t.c.gpu == "", t.c.updated_at > updated_after
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(query.order_by(t.c.job_id, t.c.node)).all()
+    kinds = {"str": pl.String, "float": pl.Float64, "int": pl.Int64}
+    schema = {n: kinds[k] for n, k in FLEET_COLUMNS.items()}
     return pl.DataFrame(rows, schema=schema, orient="row")
