@@ -35,11 +35,11 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.Float(precision=53), nullable=False),
         sa.PrimaryKeyConstraint("job_id", "node", "gpu", name="pk_node_levels"),
     )
-    op.create_index("ix_node_levels_updated_at", "node_levels", ["updated_at"])
+    op.create_index("ix_node_levels_gpu", "node_levels", ["gpu", "updated_at"])
     op.create_index("ix_node_levels_node", "node_levels", ["node"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_node_levels_node", table_name="node_levels")
-    op.drop_index("ix_node_levels_updated_at", table_name="node_levels")
+    op.drop_index("ix_node_levels_gpu", table_name="node_levels")
     op.drop_table("node_levels")

@@ -254,3 +254,49 @@ def _expand(compact: str) -> set[int] | None:
         lo, hi = (int(v) for v in span.split("-"))
         return set(np.arange(lo, hi + 1, int(stride or 1)).tolist())
     return {int(v) for v in compact.split(",")}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetMap:
+    """Nodes × time: each node's mean residual (relative) over its jobs in each time bin."""
+
+    nodes: list[str]
+    """Rows, most suspect first (the list's order)."""
+    bin_starts: list[float]
+    """Epoch s of each column's start."""
+    bin_s: float
+    values: list[list[float | None]]
+    """nodes × bins; None where the node ran no job in the bin."""
+    num_jobs: list[list[int]]
+
+
+def fleet_map(engine: sa.Engine, *, max_nodes: int = 40, num_bins: int = 24) -> FleetMap:
+    """The heatmap of the `max_nodes` first nodes of the default list (suspects, then by
+    effect) over `num_bins` equal time bins from the first job to the last."""
+    if max_nodes < 1 or num_bins < 1:
+        raise ValueError("max_nodes and num_bins must be >= 1")
+    fitted = health(engine)
+    top = fitted.nodes.head(max_nodes)["node"].to_list()
+    jobs = fitted.jobs.filter(pl.col("node").is_in(top))
+    if jobs.is_empty():
+        return FleetMap(nodes=[], bin_starts=[], bin_s=0.0, values=[], num_jobs=[])
+    t0, t1 = float(jobs["ts"].min()), float(jobs["ts"].max())  # type: ignore[arg-type]
+    bin_s = max((t1 - t0) / num_bins, 1.0)
+    cells = (
+        jobs.with_columns(((pl.col("ts") - t0) / bin_s).floor().clip(0, num_bins - 1).alias("b"))
+        .group_by("node", "b")
+        .agg(pl.col("residual").mean().alias("v"), pl.len().alias("n"))
+    )
+    row = {n: i for i, n in enumerate(top)}
+    values: list[list[float | None]] = [[None] * num_bins for _ in top]
+    counts = [[0] * num_bins for _ in top]
+    for node, b, v, n in cells.iter_rows():
+        values[row[node]][int(b)] = float(v)
+        counts[row[node]][int(b)] = int(n)
+    return FleetMap(
+        nodes=top,
+        bin_starts=[t0 + i * bin_s for i in range(num_bins)],
+        bin_s=bin_s,
+        values=values,
+        num_jobs=counts,
+    )

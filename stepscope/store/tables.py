@@ -255,7 +255,8 @@ node_levels = sa.Table(
 )
 """Each node's and GPU's level in a job (stepscope.analysis.node_levels), what fleet health
 reads (docs/fleet.md); rewritten by every pass that rolls up steps."""
-sa.Index("ix_node_levels_updated_at", node_levels.c.updated_at)
+sa.Index("ix_node_levels_gpu", node_levels.c.gpu, node_levels.c.updated_at)
+"""Node rows (gpu "") by update: the fleet read's count and its rows written since."""
 sa.Index("ix_node_levels_node", node_levels.c.node)
 
 ROLLUP_TABLES = (
