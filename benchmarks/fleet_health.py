@@ -93,7 +93,8 @@ def quality(num_fleets: int, harsh: bool) -> None:
 def history_levels(num_jobs: int, nodes_per_job: int, fleet_nodes: int) -> pl.DataFrame:
     """Node rows of num_jobs stored jobs, generated directly (as their passes wrote them)."""
     rng = np.random.default_rng(7)
-    slow = {int(n): f for n, f in zip(rng.choice(fleet_nodes, 10), rng.uniform(1.03, 1.1, 10))}
+    nodes, factors = rng.choice(fleet_nodes, 10, replace=False), rng.uniform(1.03, 1.1, 10)
+    slow = {int(n): float(f) for n, f in zip(nodes, factors, strict=True)}
     placed = np.stack(
         [rng.choice(fleet_nodes, nodes_per_job, replace=False) for _ in range(num_jobs)]
     )
