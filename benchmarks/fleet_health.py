@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stepscope.analysis.fleet import fleet_health  # noqa: E402
 from stepscope.analysis.node_levels import job_levels  # noqa: E402
 from stepscope.query import fleet as fleet_query  # noqa: E402
-from stepscope.store import node_levels, tables  # noqa: E402
+from stepscope.store import node_levels  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
 from stepscope.synthetic.fleet import FleetSpec, fleet_levels, slow_node_names  # noqa: E402
@@ -127,8 +127,7 @@ def store_history(engine: sa.Engine, levels: pl.DataFrame) -> float:
     start = time.perf_counter()
     rows = levels.with_columns(updated_at=pl.lit(1.75e9)).to_dicts()
     with engine.begin() as conn:
-        for i in range(0, len(rows), 100_000):
-            conn.execute(sa.insert(tables.node_levels), rows[i : i + 100_000])
+        node_levels.insert_rows(conn, [], rows)
     return time.perf_counter() - start
 
 
@@ -173,9 +172,7 @@ def timing(url: str, num_jobs: int, num_ranks: int, fleet_nodes: int) -> None:
             f" + recompute {t['refit']:.3f} s = {t['total']:.3f} s (goal <= {GOAL_S:.0f} s)"
         )
         with engine.begin() as conn:  # the next attempt finishes it again
-            conn.execute(
-                sa.delete(tables.node_levels).where(tables.node_levels.c.job_id == "just-finished")
-            )
+            node_levels.replace_job_levels(conn, "just-finished", pl.DataFrame(), None, 0.0)
     engine.dispose()
 
 

@@ -46,6 +46,16 @@ def replace_job_levels(
     conn.execute(sa.insert(t), rows)
 
 
+def insert_rows(
+    conn: sa.Connection, job_rows: Sequence[dict[str, Any]], level_rows: Sequence[dict[str, Any]]
+) -> None:
+    """Insert jobs rows and node_levels rows as they are (generated fleets, benchmarks)."""
+    if job_rows:
+        conn.execute(sa.insert(tables.jobs), list(job_rows))
+    for i in range(0, len(level_rows), 100_000):
+        conn.execute(sa.insert(tables.node_levels), list(level_rows[i : i + 100_000]))
+
+
 def stamp(db: Connectable) -> tuple[int, float]:
     """(node rows, latest updated_at) of the table: what a cached fleet read checks."""
     t = tables.node_levels

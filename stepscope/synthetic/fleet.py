@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from stepscope.analysis.node_levels import job_levels
-from stepscope.store import tables
+from stepscope.store import node_levels
 from stepscope.synthetic.generate import node_name
 
 
@@ -152,8 +152,7 @@ def write_fleet(engine: sa.Engine, levels: pl.DataFrame, *, now: float | None = 
     ]
     level_rows = levels.with_columns(updated_at=pl.lit(now)).to_dicts()
     with engine.begin() as conn:
-        conn.execute(sa.insert(tables.jobs), job_rows)
-        conn.execute(sa.insert(tables.node_levels), level_rows)
+        node_levels.insert_rows(conn, job_rows, level_rows)
 
 
 def slow_node_names(spec: FleetSpec) -> dict[str, float]:

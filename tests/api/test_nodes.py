@@ -69,7 +69,9 @@ def test_the_slow_nodes_are_the_suspects_and_a_node_shows_its_jobs_and_gpus(
     assert len(gpus) == SPEC.ranks_per_node
     assert {g["gpu"] for g in gpus} == {f"GPU-00{slowest[-2:]}-{i}" for i in range(8)}
     assert all(g["num_jobs"] == own.height for g in gpus)
-    assert all(g["median_excess"] == pytest.approx(truth[slowest], abs=0.02) for g in gpus)
+    excess = sorted(g["median_excess"] for g in gpus)
+    assert excess[0] > 0.05  # every GPU of the slow node is slow
+    assert excess[len(excess) // 2] == pytest.approx(truth[slowest], abs=0.01)
 
 
 def test_unknown_nodes_and_bad_parameters_are_refused(
