@@ -14,12 +14,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import polars as pl
 import sqlalchemy as sa
 
 from stepscope.analysis.fleet import FleetConfig, FleetHealth, fleet_health
 from stepscope.query.common import check_choice
+from stepscope.schema import expand_ranks
 from stepscope.store import jobs, node_levels, reads
 
 SORT_KEYS = ("effect", "confidence", "num_jobs", "node", "since")
@@ -239,21 +239,10 @@ def _findings(engine: sa.Engine, node: str, own: pl.DataFrame) -> list[dict[str,
     node_ranks = dict(zip(own["job_id"].to_list(), own["ranks"].to_list(), strict=True))
     out = []
     for f in reads.read_findings_of_jobs(engine, list(node_ranks), NODE_FINDING_KINDS):
-        ranks = _expand(node_ranks[f["job_id"]])
-        if f.get("node") == node or (ranks is not None and set(f.get("ranks") or ()) & ranks):
+        ranks = expand_ranks(node_ranks[f["job_id"]])
+        if f.get("node") == node or (ranks is not None and set(f.get("ranks") or ()) & set(ranks)):
             out.append(f)
     return out
-
-
-def _expand(compact: str) -> set[int] | None:
-    """The ranks of schema.compact_ranks' text ("0-7", "0-6:2", "1,5"); None for a hash."""
-    if not compact or compact.startswith("h:"):
-        return None
-    if "-" in compact:
-        span, _, stride = compact.partition(":")
-        lo, hi = (int(v) for v in span.split("-"))
-        return set(np.arange(lo, hi + 1, int(stride or 1)).tolist())
-    return {int(v) for v in compact.split(",")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
