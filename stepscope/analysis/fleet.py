@@ -345,7 +345,12 @@ def _periods(
     job_ts[job_codes] = ts
     job_rank = np.empty(num_jobs, dtype=np.int64)
     job_rank[np.argsort(job_ts, kind="stable")] = np.arange(num_jobs)
-    order = np.argsort(codes * num_jobs + np.take(job_rank, job_codes))
+    if ts.size < 2 or bool(np.all(ts[1:] >= ts[:-1])):
+        # Rows already in time order (as the query layer keeps them): a stable sort by node
+        # alone, a radix sort of small integers, keeps each node's jobs in time order.
+        order = np.argsort(codes.astype(np.uint32), kind="stable")
+    else:
+        order = np.argsort(codes * num_jobs + np.take(job_rank, job_codes))
     c, s, t_sorted = codes[order], score[order], ts[order]
     n = np.bincount(c, minlength=size)
     starts = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64)

@@ -50,7 +50,7 @@ _lock = threading.Lock()
 
 
 def fleet_levels(engine: sa.Engine) -> pl.DataFrame:
-    """Every job's node rows (node_levels.FLEET_COLUMNS), read incrementally."""
+    """Every job's node rows (node_levels.FLEET_COLUMNS) in time order, read incrementally."""
     return _current(engine).levels
 
 
@@ -67,9 +67,9 @@ def _current(engine: sa.Engine) -> _Cached:
         kept = cached.levels.filter(~pl.col("job_id").is_in(fresh["job_id"].unique().implode()))
         merged = pl.concat([kept, fresh])
         if merged.height == count:
-            levels = merged
+            levels = merged if _in_time_order(merged) else merged.sort("ts", "job_id")
     if levels is None:
-        levels = node_levels.read_fleet_levels(engine)
+        levels = node_levels.read_fleet_levels(engine).sort("ts", "job_id")
     start = None
     if cached is not None:
         start = cached.health.fit if cached.health is not None else cached.start
@@ -77,6 +77,12 @@ def _current(engine: sa.Engine) -> _Cached:
     with _lock:
         _cache[key] = entry
     return entry
+
+
+def _in_time_order(levels: pl.DataFrame) -> bool:
+    """Whether the rows are sorted by ts (the fit's fast path: its sort keeps that order)."""
+    ts = levels["ts"].fill_null(0.0)
+    return bool((ts.diff().fill_null(0.0) >= 0).all())
 
 
 def health(engine: sa.Engine, config: FleetConfig | None = None) -> FleetHealth:

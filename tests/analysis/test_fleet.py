@@ -118,3 +118,25 @@ def test_job_levels_give_each_node_and_gpu_its_excess_over_the_median_rank() -> 
     assert levels.filter(pl.col("gpu") != "").height == 12
     alone = job_levels(own[:, :4], np.arange(4), dict.fromkeys(range(4), "a"))
     assert alone.is_empty()  # one node: no level against itself
+
+
+def test_the_fit_does_not_depend_on_the_order_of_the_rows_or_a_warm_start() -> None:
+    spec = FleetSpec(
+        seed=5, num_jobs=120, slow_nodes={4: 1.07}, slow_from_job={4: 40}, one_off_prob=0.05
+    )
+    levels = fleet_levels(spec)
+    in_time = fleet_health(levels.sort("ts", "job_id"))
+    shuffled = fleet_health(levels.sample(fraction=1.0, shuffle=True, seed=1))
+    columns = ["node", "suspect", "num_jobs", "since"]
+    assert shuffled.nodes.select(columns).equals(in_time.nodes.select(columns))
+    assert np.allclose(shuffled.nodes["effect"], in_time.nodes["effect"], atol=1e-9)
+    # A refit after one job more, from the previous fit, lands where a cold fit does.
+    more = FleetSpec(
+        seed=5, num_jobs=121, slow_nodes={4: 1.07}, slow_from_job={4: 40}, one_off_prob=0.05
+    )
+    cold = fleet_health(fleet_levels(more))
+    warm = fleet_health(fleet_levels(more), start=in_time.fit)
+    cold_nodes, warm_nodes = cold.nodes.sort("node"), warm.nodes.sort("node")
+    assert warm_nodes.select(columns).equals(cold_nodes.select(columns))
+    assert np.allclose(warm_nodes["effect"], cold_nodes["effect"], atol=1e-3)
+    assert cold.nodes.filter(pl.col("node") == node_name(4))["suspect"][0]
