@@ -65,7 +65,7 @@ def _current(engine: sa.Engine) -> _Cached:
     if cached is not None and math.isfinite(cached.latest):
         fresh = node_levels.read_fleet_levels(engine, updated_after=cached.latest)
         kept = cached.levels.filter(~pl.col("job_id").is_in(fresh["job_id"].unique().implode()))
-        merged = pl.concat([kept, fresh])
+        merged = pl.concat([kept, fresh], rechunk=True)
         if merged.height == count:
             levels = merged if _in_time_order(merged) else merged.sort("ts", "job_id")
     if levels is None:
