@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 
 from stepscope import __version__, query
 from stepscope.analysis.regression import JobData
+from stepscope.api.fleet_read import NodeDetailRead, NodesPage
 from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead, fleet_read, goodput_read
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 
@@ -44,6 +45,16 @@ class JobsRequest:
     limit: int = 50
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodesRequest:
+    """The filters and order of a nodes list (the parameters of GET /api/v1/nodes)."""
+
+    suspect: bool = False
+    name: str | None = None
+    sort: str = "-effect"
+    limit: int = 100
+
+
 class JobStore(Protocol):
     """Stored jobs, from a database or a server; every method raises StoreError."""
 
@@ -63,6 +74,10 @@ class JobStore(Protocol):
         ...
 
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]: ...
+
+    def nodes(self, request: NodesRequest) -> NodesPage: ...
+
+    def node(self, node: str) -> NodeDetailRead: ...
 
     def gate_data(self, job_id: str) -> JobData:
         """The job's step rollups and rank levels, as the CI gate compares them."""
@@ -146,6 +161,21 @@ class LocalStore:
     def export(self, job_id: str, table: str, format: str) -> Iterator[bytes]:
         return _guarded(lambda: query.export(self.engine, job_id, table, format))
 
+    def nodes(self, request: NodesRequest) -> NodesPage:
+        from stepscope.query import fleet
+
+        filters = fleet.NodeFilters(suspect=request.suspect, name_contains=request.name)
+        return _guarded(
+            lambda: NodesPage.of(
+                fleet.list_nodes(self.engine, filters, sort=request.sort, limit=request.limit)
+            )
+        )
+
+    def node(self, node: str) -> NodeDetailRead:
+        from stepscope.query import fleet
+
+        return _guarded(lambda: NodeDetailRead.of(fleet.node_detail(self.engine, node)))
+
     def gate_data(self, job_id: str) -> JobData:
         from stepscope.query import history
 
@@ -185,9 +215,11 @@ class LocalStore:
 
 
 def _guarded(read: Callable[[], T]) -> T:
+    from stepscope.query.fleet import NodeNotFound
+
     try:
         return read()
-    except (query.JobNotFound, ValueError) as exc:
+    except (query.JobNotFound, NodeNotFound, ValueError) as exc:
         raise StoreError(str(exc)) from None
 
 
@@ -250,6 +282,16 @@ class RemoteStore:
             response.close()
             raise StoreError(_error_text(response))
         return _streamed(response)
+
+    def nodes(self, request: NodesRequest) -> NodesPage:
+        params: dict[str, Any] = {"sort": request.sort, "limit": request.limit}
+        params["suspect"] = request.suspect
+        if request.name is not None:
+            params["name"] = request.name
+        return NodesPage.model_validate_json(self._get("/nodes", params))
+
+    def node(self, node: str) -> NodeDetailRead:
+        return NodeDetailRead.model_validate_json(self._get(f"/nodes/{_quoted(node)}"))
 
     def gate_data(self, job_id: str) -> JobData:
         info = self.summary(job_id)

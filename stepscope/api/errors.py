@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from stepscope.api.schemas import ErrorRead, ParameterError, ValidationErrorRead
 from stepscope.pipeline.job_pass import JobBusyError, RawRowsPrunedError
 from stepscope.query import JobNotFound
+from stepscope.query.fleet import NodeNotFound
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorRead, "description": "No or unknown bearer token (auth on)"},
@@ -27,6 +28,10 @@ JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorRead, "description": "No such job"},
 }
+NODE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    404: {"model": ErrorRead, "description": "No job stored a level of this node"},
+}
 BUSY_RETRY_AFTER_S = 10
 """Retry-After of a 503 for a job whose analysis runs elsewhere, in seconds."""
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -36,6 +41,7 @@ _MAX_INPUT_CHARS = 60
 def install(app: FastAPI) -> None:
     """Register the API's exception handlers on `app`."""
     app.add_exception_handler(JobNotFound, _job_not_found)  # type: ignore[arg-type]
+    app.add_exception_handler(NodeNotFound, _node_not_found)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(ValueError, _bad_argument)  # type: ignore[arg-type]
     app.add_exception_handler(RawRowsPrunedError, _pruned)  # type: ignore[arg-type]
@@ -43,6 +49,10 @@ def install(app: FastAPI) -> None:
 
 
 async def _job_not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
+    return JSONResponse(ErrorRead(detail=str(exc)).model_dump(), status_code=404)
+
+
+async def _node_not_found(_request: Request, exc: NodeNotFound) -> JSONResponse:
     return JSONResponse(ErrorRead(detail=str(exc)).model_dump(), status_code=404)
 
 

@@ -30,9 +30,7 @@ T = TypeVar("T")
 JobIdArgument = Annotated[str, typer.Argument(help="A stored job")]
 
 
-def _reading(
-    db: str | None, url: str | None, token: str | None, read: Callable[[JobStore], T]
-) -> T:
+def reading(db: str | None, url: str | None, token: str | None, read: Callable[[JobStore], T]) -> T:
     """What `read(store)` returns from the store the options name; its errors exit 1."""
     from stepscope.client import StoreError
 
@@ -144,7 +142,7 @@ def jobs(
         cursor=cursor,
         limit=limit,
     )
-    page = _reading(db, url, token, lambda r: r.jobs(request))
+    page = reading(db, url, token, lambda r: r.jobs(request))
     if output == "json":
         typer.echo(page.model_dump_json(indent=2))
     else:
@@ -162,7 +160,7 @@ def show(
     from stepscope.cli.output import goodput_headline, print_summary
 
     checked_output(output)
-    summary, found, goodput = _reading(
+    summary, found, goodput = reading(
         db,
         url,
         token,
@@ -227,14 +225,14 @@ def goodput(
     if since is not None:
         start = epoch_s("--since", since)
         end = epoch_s("--until", until) if until is not None else None
-        fleet = _reading(db, url, token, lambda r: r.fleet_goodput(start, end))
+        fleet = reading(db, url, token, lambda r: r.fleet_goodput(start, end))
         if output == "json":
             typer.echo(fleet.model_dump_json(indent=2))
         else:
             print_fleet_goodput(fleet)
         return
     assert job_id is not None
-    answer = _reading(db, url, token, lambda r: r.goodput(job_id))
+    answer = reading(db, url, token, lambda r: r.goodput(job_id))
     if output == "json":
         typer.echo(answer.model_dump_json(indent=2))
     else:
@@ -253,7 +251,7 @@ def findings(
     from stepscope.client import findings_json
 
     checked_output(output)
-    found = _reading(db, url, token, lambda r: r.findings(job_id))
+    found = reading(db, url, token, lambda r: r.findings(job_id))
     if output == "json":
         typer.echo(findings_json(found))
     else:
@@ -294,6 +292,6 @@ def export(
         partial.replace(out)
         return size
 
-    size = _reading(db, url, token, write)
+    size = reading(db, url, token, write)
     if str(out) != "-":
         stderr.print(f"wrote {size:,} bytes of {table} of job {job_id} to {out}")

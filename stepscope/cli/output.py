@@ -10,13 +10,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from stepscope.api.fleet_read import NodesPage
 from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 from stepscope.schema import FINDINGS, Finding
 from stepscope.text.findings import finding_line, mesh_sentence
 from stepscope.text.goodput import responsible_text, top_badput
 from stepscope.text.labels import goodput_category
-from stepscope.text.numbers import integer, known, rate, seconds, share, when
+from stepscope.text.numbers import integer, known, rate, seconds, share, signed_share, when
 
 
 def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
@@ -62,6 +63,32 @@ def print_jobs(page: JobsPage) -> None:
     Console().print(table)
     if page.next_cursor:
         typer.echo(f"more: --cursor {page.next_cursor}")
+
+
+def print_nodes(page: NodesPage) -> None:
+    """The nodes as a table (suspects marked), and the fleet's figures."""
+    typer.echo(
+        f"{integer(page.num_nodes)} node(s) over {integer(page.num_jobs)} job(s), "
+        f"{integer(page.num_suspects)} suspect(s); job-to-job noise of a node "
+        f"{share(page.job_noise)}"
+    )
+    if not page.nodes:
+        typer.echo("no nodes")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    table.add_column("node", overflow="fold")
+    for header in ("effect", "confidence", "jobs", "since UTC", "suspect"):
+        table.add_column(header, no_wrap=True)
+    for n in page.nodes:
+        table.add_row(
+            n.node,
+            signed_share(n.effect),
+            share(n.confidence, 0),
+            f"{n.num_jobs}/{n.num_jobs_total}",
+            when(n.since, short=True) if n.since else "",
+            "SUSPECT" if n.suspect else "",
+        )
+    Console().print(table)
 
 
 def print_summary(s: JobSummaryRead, findings: list[FindingRead]) -> None:

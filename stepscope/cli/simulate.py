@@ -56,6 +56,15 @@ def simulate(
     ] = None,
     steps_per_batch: Annotated[int, typer.Option("--steps-per-batch")] = 10,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            help="HOST,HOST,…: place the ranks on these hosts in order, --ranks-per-node at a "
+            "time (each rank also gets a GPU UUID); default node-0000, node-0001, …",
+        ),
+    ] = None,
+    ranks_per_node: Annotated[int, typer.Option("--ranks-per-node", min=1)] = 8,
 ) -> None:
     """Stream a realistic synthetic job to a collector through the wire protocol."""
     import time
@@ -63,15 +72,23 @@ def simulate(
     from stepscope.synthetic.generate import JobSpec, generate
     from stepscope.synthetic.stream import stream_job
 
-    spec = JobSpec(
-        job_id=job_id or f"sim-{int(time.time())}",
-        num_ranks=ranks,
-        num_steps=steps,
-        base_step_s=step_time_s,
-        stragglers=tuple(_parse_straggler(s) for s in straggler or ()),
-        start_ts=time.time(),
-        seed=seed,
-    )
+    hosts = tuple(h.strip() for h in nodes.split(",")) if nodes else ()
+    if any(not h for h in hosts):
+        raise fail(f"bad --nodes {nodes!r}: expected HOST,HOST,… without empty names")
+    try:
+        spec = JobSpec(
+            job_id=job_id or f"sim-{int(time.time())}",
+            num_ranks=ranks,
+            num_steps=steps,
+            ranks_per_node=ranks_per_node,
+            base_step_s=step_time_s,
+            stragglers=tuple(_parse_straggler(s) for s in straggler or ()),
+            start_ts=time.time(),
+            seed=seed,
+            hosts=hosts,
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     stats = stream_job(
         generate(spec), url, token=token, steps_per_batch=steps_per_batch, steps_per_s=steps_per_s
     )

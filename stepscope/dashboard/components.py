@@ -27,6 +27,7 @@ def shell(*, auth: bool) -> html.Div:
         dcc.Link("stepscope", href="/", className="brand"),
         dcc.Link("Jobs", href="/", className="nav-link"),
         dcc.Link("Compare", href="/compare", className="nav-link"),
+        dcc.Link("Fleet", href="/fleet", className="nav-link"),
     ]
     if auth:
         links.append(

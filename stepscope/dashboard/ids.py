@@ -50,3 +50,6 @@ COMPARE_GO = "compare-go"
 COMPARE_STEP = "compare-step"
 COMPARE_RATES = "compare-rates"
 COMPARE_COMPONENTS = "compare-components"
+
+FLEET_HEATMAP = "fleet-heatmap"
+FLEET_SUSPECTS = "fleet-suspects"

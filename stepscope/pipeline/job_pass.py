@@ -31,6 +31,7 @@ from stepscope.analysis.pipeline import SegmentRows, combined_findings, segment_
 from stepscope.analysis.segments import SegmentPlan
 from stepscope.analysis.telemetry import GPU_COLUMNS
 from stepscope.pipeline.gpu_buckets import update_gpu_buckets
+from stepscope.pipeline.node_levels import update_node_levels
 from stepscope.pipeline.recent_rows import RecentRows
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.state import AnalysisState, Write, widen
@@ -237,6 +238,8 @@ class JobAnalyzer:
             )
             analysis_state.save_state(conn, self.job_id, watermark, state.to_doc(), now)
             findings.replace_findings(conn, self.job_id, found)
+            if result.rolled_up_steps > 0:
+                update_node_levels(self.engine, conn, self.job_id, job, now)
             result.findings = findings.load_findings(conn, self.job_id)
             if not rollup.is_empty() and state.plan is not None:
                 summary = compute.steady_summary(rollup, state.plan.base_step)

@@ -127,3 +127,30 @@ def newest_rank_seen(engine: sa.Engine) -> float | None:
     """When the most recently appeared rank of any job was first seen."""
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.max(tables.ranks.c.first_seen))).scalar()
+
+
+def rank_gpus(engine: sa.Engine, job_id: str) -> dict[int, str]:
+    """The NVML UUID of each rank's GPU, where its profiler sent one (ranks.attributes)."""
+    ranks = frames.read_frame(engine, "ranks", job_id, columns=["rank", "attributes"])
+    out: dict[int, str] = {}
+    for rank, attributes in zip(
+        ranks["rank"].to_list(), ranks["attributes"].to_list(), strict=True
+    ):
+        loaded = json.loads(attributes) if isinstance(attributes, str) else attributes
+        uuid = (loaded or {}).get("gpu.uuid")
+        if isinstance(uuid, str) and uuid:
+            out[int(rank)] = uuid
+    return out
+
+
+def job_names(engine: sa.Engine, job_ids: list[str]) -> dict[str, str | None]:
+    """job_id → name of the listed jobs that are stored."""
+    j = tables.jobs
+    out: dict[str, str | None] = {}
+    with engine.connect() as conn:
+        for start in range(0, len(job_ids), 500):
+            query = sa.select(j.c.job_id, j.c.name).where(
+                j.c.job_id.in_(job_ids[start : start + 500])
+            )
+            out.update({str(r.job_id): r.name for r in conn.execute(query)})
+    return out

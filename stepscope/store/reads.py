@@ -238,6 +238,21 @@ def read_findings(engine: sa.Engine, job_id: str) -> list[dict[str, Any]]:
         return [dict(row) for row in rows]
 
 
+def read_findings_of_jobs(
+    engine: sa.Engine, job_ids: Sequence[str], kinds: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The findings of these kinds of these jobs, as rows (as `read_findings`), in id order."""
+    t = tables.findings
+    out: list[dict[str, Any]] = []
+    with engine.connect() as conn:
+        for start in range(0, len(job_ids), 500):
+            query = sa.select(t).where(
+                t.c.job_id.in_(job_ids[start : start + 500]), t.c.kind.in_(kinds)
+            )
+            out += [dict(row) for row in conn.execute(query.order_by(t.c.id)).mappings()]
+    return sorted(out, key=lambda f: f["id"])
+
+
 def read_recent_hang_findings(engine: sa.Engine, limit: int) -> list[dict[str, Any]]:
     """The `limit` newest hang findings of every job, as rows (`id` and schema.FINDINGS's
     columns), newest first (open or closed: evidence.closed_at says)."""

@@ -239,12 +239,33 @@ job_summaries = sa.Table(
 """One row per analysed job: its steady-state figures and findings by severity, for lists."""
 sa.Index("ix_job_summaries_step_p50_s", job_summaries.c.step_p50_s)
 
+node_levels = sa.Table(
+    "node_levels",
+    Base.metadata,
+    sa.Column("job_id", sa.String(), primary_key=True),
+    sa.Column("node", sa.String(), primary_key=True),
+    sa.Column("gpu", sa.String(), primary_key=True, comment="GPU UUID; '' on the node's row"),
+    sa.Column("ranks", sa.String(), nullable=False, comment="schema.compact_ranks"),
+    sa.Column("num_ranks", sa.Integer(), nullable=False),
+    sa.Column("excess", sa.Float(precision=53), nullable=False, comment="log own time / median"),
+    sa.Column("se", sa.Float(precision=53), comment="its standard error (log units)"),
+    sa.Column("num_buckets", sa.Integer(), nullable=False),
+    sa.Column("ts", sa.Float(precision=53), comment="the job's start [s]"),
+    sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+)
+"""Each node's and GPU's level in a job (stepscope.analysis.node_levels), what fleet health
+reads (docs/fleet.md); rewritten by every pass that rolls up steps."""
+sa.Index("ix_node_levels_gpu", node_levels.c.gpu, node_levels.c.updated_at)
+"""Node rows (gpu "") by update: the fleet read's count and its rows written since."""
+sa.Index("ix_node_levels_node", node_levels.c.node)
+
 ROLLUP_TABLES = (
     step_rollups,
     op_rollups,
     rank_buckets,
     gpu_buckets,
     job_summaries,
+    node_levels,
     analysis_state,
 )
 

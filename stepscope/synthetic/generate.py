@@ -138,6 +138,9 @@ class JobSpec:
     """GPU telemetry sampling period."""
     start_ts: float = 1.7e9
     seed: int = 0
+    hosts: tuple[str, ...] = ()
+    """Host of each node number (ranks_per_node ranks at a time, in order), which then also
+    get GPU UUIDs; default node-0000, node-0001, … without UUIDs."""
     with_gpu: bool = True
     with_collectives: bool = True
 
@@ -159,6 +162,11 @@ class JobSpec:
         for s in self.stragglers:
             if max(s.ranks) >= self.num_ranks or min(s.ranks) < 0:
                 raise ValueError(f"straggler ranks {s.ranks} outside 0..{self.num_ranks - 1}")
+        if self.hosts and len(self.hosts) < self.num_nodes:
+            raise ValueError(
+                f"{self.num_ranks} ranks at {self.ranks_per_node} per node need "
+                f"{self.num_nodes} hosts; {len(self.hosts)} given"
+            )
         for n in self.slow_nodes:
             if not 0 <= n.node < self.num_nodes:
                 raise ValueError(f"slow node {n.node} outside 0..{self.num_nodes - 1}")
@@ -172,6 +180,10 @@ class JobSpec:
         """Clean non-overlapped all-reduce time."""
         factor = busbw_factor("all_reduce", self.num_ranks) if self.num_ranks > 1 else 1.0
         return self.allreduce_bytes * factor / self.busbw_bps
+
+    def node_host(self, node: int) -> str:
+        """The host name of node number `node`."""
+        return self.hosts[node] if self.hosts else node_name(node)
 
     def node_ranks(self, node: int) -> tuple[int, ...]:
         """Ranks placed on node number `node`."""
@@ -207,6 +219,8 @@ class SynthJob:
     """A row of the jobs table."""
     truth: tuple[Straggler, ...] = field(default_factory=tuple)
     """The injected stragglers (slow nodes expanded to their ranks)."""
+    gpus: list[str] | None = None
+    """GPU UUID of each rank (with spec.hosts), sent as source.attributes["gpu.uuid"]."""
 
 
 def node_name(node: int) -> str:
@@ -318,7 +332,10 @@ def generate(spec: JobSpec) -> SynthJob:
     if extra_compute is not None:
         gpu = _gpu_samples(spec, rng, starts, end, compute, extra_compute, compute0 * level)
 
-    nodes = [node_name(r // spec.ranks_per_node) for r in range(num_ranks)]
+    nodes = [spec.node_host(r // spec.ranks_per_node) for r in range(num_ranks)]
+    gpus = None
+    if spec.hosts:
+        gpus = [f"GPU-sim-{nodes[r]}-{r % spec.ranks_per_node}" for r in range(num_ranks)]
     ended_at = float(starts[-1] + end[-1])
     job = {
         "job_id": spec.job_id,
@@ -341,6 +358,7 @@ def generate(spec: JobSpec) -> SynthJob:
         nodes=nodes,
         job=job,
         truth=spec.all_stragglers(),
+        gpus=gpus,
     )
 
 

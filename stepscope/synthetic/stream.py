@@ -58,6 +58,8 @@ def rank_batches(job: SynthJob, rank: int, *, steps_per_batch: int) -> Iterator[
             },
             "seq": seq,
         }
+        if job.gpus is not None:
+            doc["source"]["attributes"] = {"gpu.uuid": job.gpus[rank]}
         for name, (cols, rows) in per_rank.items():
             if not cols:
                 continue

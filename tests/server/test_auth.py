@@ -57,6 +57,8 @@ ROUTES = [
     Route("GET", "/api/v1/jobs/{job_id}/export", "read"),
     Route("GET", "/api/v1/compare", "read"),
     Route("GET", "/api/v1/jobs/{job_id}/metrics", "read"),
+    Route("GET", "/api/v1/nodes", "read"),
+    Route("GET", "/api/v1/nodes/{node}", "read"),
     Route("POST", "/api/v1/jobs/{job_id}/analyze", "ingest"),
     Route("POST", "/v1/ingest", "ingest"),
     Route("DELETE", "/api/v1/jobs/{job_id}", "admin"),
@@ -74,14 +76,23 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     engine.dispose()
     with run_server(url, extra_args=["--auth"]) as server:
         for job_id in (JOB, DOOMED):
-            job = generate(JobSpec(job_id=job_id, num_ranks=2, num_steps=60, spike_prob=0.0))
-            assert not stream_job(job, server.url, token=tokens["ingest"]).failures
+            # One rank per node: the analysed job stores levels of node-0000 (GET /nodes/…).
+            spec = JobSpec(
+                job_id=job_id, num_ranks=2, ranks_per_node=1, num_steps=60, spike_prob=0.0
+            )
+            assert not stream_job(generate(spec), server.url, token=tokens["ingest"]).failures
+        analyzed = httpx.post(
+            f"{server.url}/api/v1/jobs/{JOB}/analyze",
+            headers={"Authorization": f"Bearer {tokens['ingest']}"},
+            timeout=120,
+        )
+        assert analyzed.status_code == 200, analyzed.text
         yield Secured(server=server, tokens=tokens)
 
 
 def call(secured: Secured, route: Route, token: str | None) -> httpx.Response:
     job_id = DOOMED if route.method == "DELETE" else JOB
-    path = route.template.format(job_id=job_id)
+    path = route.template.format(job_id=job_id, node="node-0000")
     params = {"baseline": JOB, "candidate": JOB} if path.endswith("/compare") else None
     if path.endswith("/api/v1/goodput"):
         params = {"since": 0}

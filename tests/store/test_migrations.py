@@ -16,6 +16,7 @@ from stepscope.store.frames import read_frame
 from stepscope.store.migrate import current_revision, downgrade, head_revision, upgrade
 
 EXPECTED_TABLES = {
+    "node_levels",
     "jobs",
     "ranks",
     "steps",

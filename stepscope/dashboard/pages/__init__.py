@@ -5,6 +5,7 @@ PAGE_MODULES = (
     "stepscope.dashboard.pages.job",
     "stepscope.dashboard.pages.rank",
     "stepscope.dashboard.pages.compare",
+    "stepscope.dashboard.pages.fleet",
     "stepscope.dashboard.pages.not_found_404",
 )
 """Imported after the Dash app exists (Dash Pages requires it). Each page's `order` puts
