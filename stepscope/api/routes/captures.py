@@ -1,0 +1,160 @@
+"""Deep captures (#21): ask a rank for a torch.profiler trace, list them, download one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from stepscope import schema
+from stepscope.api.deps import MAX_RANK, EngineDep, IngestAuth, JobIdDep, ReadAuth
+from stepscope.api.errors import ERROR_RESPONSES, JOB_RESPONSES
+from stepscope.api.schemas import ErrorRead
+from stepscope.pipeline.captures import CaptureDesk
+from stepscope.query.captures import TraceNotFound, capture_trace, job_captures
+
+router = APIRouter(tags=["captures"])
+
+
+class CaptureCreate(BaseModel):
+    """What to capture: the rank, optionally the reference rank and the number of steps."""
+
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(ge=0, le=MAX_RANK)
+    reference_rank: int | None = Field(default=None, ge=0, le=MAX_RANK)
+    """Recorded beside it; default: the lowest other rank that sent a batch."""
+    num_steps: int | None = Field(default=None, ge=1)
+    """Default: the server's capture_steps."""
+
+
+class OperatorRead(BaseModel):
+    name: str
+    category: str
+    count: int
+    total_s: float
+
+
+class CaptureRead(BaseModel):
+    """One rank's capture: its status and, once uploaded, the trace's size and top operators."""
+
+    id: int
+    rank: int
+    role: schema.CaptureRole
+    status: schema.CaptureStatus
+    delivered_at: float | None
+    finished_at: float | None
+    first_step: int | None
+    last_step: int | None
+    error: str | None
+    trace_bytes: int | None
+    operators: list[OperatorRead]
+    download: str | None
+    """Where the gzipped trace is (GET, scope read), once uploaded."""
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> CaptureRead:
+        summary = row.get("summary") or {}
+        fields = {k: row[k] for k in cls.model_fields if k in row}
+        download = f"/api/v1/captures/{row['id']}/trace" if row["status"] == "uploaded" else None
+        return cls(**fields, operators=summary.get("operators", []), download=download)
+
+
+class OperatorDifference(BaseModel):
+    name: str
+    category: str
+    culprit_s: float
+    reference_s: float
+    difference_s: float
+
+
+class CaptureRequestRead(BaseModel):
+    """A capture request: why, its captures, and their operators side by side."""
+
+    id: int
+    job_id: str
+    reason: str
+    """The finding kind that asked, or "user"."""
+    requested_by: str
+    requested_at: float
+    num_steps: int
+    finding: dict[str, Any] | None
+    captures: list[CaptureRead]
+    comparison: list[OperatorDifference]
+
+
+async def _desk(request: Request) -> CaptureDesk:
+    return request.app.state.captures
+
+
+DeskDep = Annotated[CaptureDesk, Depends(_desk)]
+
+
+@router.post(
+    "/jobs/{job_id}/captures",
+    summary="Ask a rank for a deep capture",
+    status_code=201,
+    responses=JOB_RESPONSES,
+)
+def request_capture(
+    engine: EngineDep, desk: DeskDep, job_id: JobIdDep, body: CaptureCreate, _auth: IngestAuth
+) -> CaptureRequestRead:
+    """Ask `rank` and a reference rank to record torch.profiler for `num_steps` steps
+    (told in the answer to their next batch; scope ingest or admin); the request."""
+    request_id = desk.request(
+        job_id, rank=body.rank, reference_rank=body.reference_rank, num_steps=body.num_steps
+    )
+    return next(r for r in _requests(engine, job_id) if r.id == request_id)
+
+
+@router.get("/jobs/{job_id}/captures", summary="A job's deep captures", responses=JOB_RESPONSES)
+def list_captures(engine: EngineDep, job_id: JobIdDep, _auth: ReadAuth) -> list[CaptureRequestRead]:
+    """The job's capture requests, newest first, with each rank's top operators and the two
+    ranks side by side."""
+    return _requests(engine, job_id)
+
+
+def _requests(engine: Any, job_id: str) -> list[CaptureRequestRead]:
+    return [
+        CaptureRequestRead(
+            id=r.id,
+            job_id=r.job_id,
+            reason=r.reason,
+            requested_by=r.requested_by,
+            requested_at=r.requested_at,
+            num_steps=r.num_steps,
+            finding=r.finding,
+            captures=[CaptureRead.of(c) for c in r.captures],
+            comparison=[OperatorDifference(**d) for d in r.comparison],
+        )
+        for r in job_captures(engine, job_id)
+    ]
+
+
+@router.get(
+    "/captures/{capture_id}/trace",
+    summary="Download a capture's trace",
+    response_class=Response,
+    responses={
+        **ERROR_RESPONSES,
+        200: {"content": {"application/gzip": {}}, "description": "Chrome/Perfetto JSON, gzip"},
+        404: {"model": ErrorRead, "description": "No such capture, or no trace yet"},
+    },
+)
+def download_trace(
+    engine: EngineDep,
+    capture_id: Annotated[int, Path(ge=1, le=2**62, description="A capture id")],
+    _auth: ReadAuth,
+) -> Response:
+    """The rank's torch.profiler trace as uploaded: gzipped Chrome/Perfetto JSON (open it in
+    https://ui.perfetto.dev or chrome://tracing)."""
+    try:
+        trace = capture_trace(engine, capture_id)
+    except TraceNotFound as exc:
+        return JSONResponse(ErrorRead(detail=str(exc)).model_dump(), status_code=404)
+    return Response(
+        trace.trace_gz,
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{trace.filename}"'},
+    )
