@@ -80,14 +80,18 @@ async def ingest(request: Request) -> Response:
 async def _capture_for(request: Request, batch: Batch) -> dict[str, Any] | None:
     """The rank's deep capture not yet told (#21), marked delivered; None nearly always."""
     desk: CaptureDesk = request.app.state.captures
+    if desk.refresh_due():
+        await run_in_threadpool(desk.refresh)
     pending = desk.take(batch.job["job_id"], batch.source["rank"])
     if pending is None:
         return None
     try:
-        await run_in_threadpool(desk.delivered, pending)
+        claimed = await run_in_threadpool(desk.claim, pending)
     except Exception:  # the batch is stored: answer it, and tell the rank with a later one
-        log.warning("could not mark capture %d delivered", pending.capture_id, exc_info=True)
+        log.warning("could not claim capture %d", pending.capture_id, exc_info=True)
         desk.hold(pending)
+        return None
+    if not claimed:  # another replica told it
         return None
     return capture_instruction(pending, request.app.state.settings.capture_max_bytes)
 

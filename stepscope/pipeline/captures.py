@@ -3,7 +3,9 @@
 Requests come from the API and from findings (a straggler or a hang on a live job). Each
 names a culprit rank and a reference rank; the desk keeps the captures not yet told to their
 rank in memory, so that the ingest route answers a rank's batch with its capture without a
-database read, and marks it delivered.
+database read per batch. The memory is re-read from the database every `refresh_s` (other
+replicas' requests), and a capture is claimed in the database before it is told, so that
+replicas behind one load balancer tell each capture once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ AUTO_KINDS = frozenset({"straggler_rank", "straggler_node", "hang"})
 """Finding kinds that ask for a capture of their first rank on a live job."""
 
 
+class BadCaptureRequest(ValueError):
+    """A request naming a rank or a number of steps that cannot be; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class CaptureDesk:
     """Takes capture requests and hands each to its rank in the answer to its next batch."""
 
@@ -37,6 +47,7 @@ class CaptureDesk:
         max_steps: int,
         auto: bool,
         max_auto_per_job: int,
+        refresh_s: float = 1.0,
     ) -> None:
         self._engine = engine
         self.num_steps = num_steps
@@ -45,12 +56,28 @@ class CaptureDesk:
         self.max_auto_per_job = max_auto_per_job
         self._lock = threading.Lock()
         self._waiting: dict[tuple[str, int], deque[captures.Pending]] = {}
+        self._refresh_s = refresh_s
+        self._refreshed_at = -float("inf")
 
-    def load(self) -> None:
-        """Take in the captures stored but not yet told (a restart keeps them)."""
-        with self._engine.connect() as conn:
-            for pending in captures.pending_captures(conn):
-                self.hold(pending)
+    def refresh_due(self) -> bool:
+        """The memory is older than refresh_s."""
+        return time.monotonic() - self._refreshed_at >= self._refresh_s
+
+    def refresh(self) -> None:
+        """Re-read the captures stored but not yet told (this replica's, other replicas',
+        those of before a restart); on a database error, keep the memory until next time."""
+        self._refreshed_at = time.monotonic()
+        try:
+            with self._engine.connect() as conn:
+                stored = captures.pending_captures(conn)
+        except Exception as exc:
+            log.warning("could not read pending captures: %s", exc)
+            return
+        waiting: dict[tuple[str, int], deque[captures.Pending]] = {}
+        for pending in stored:
+            waiting.setdefault((pending.job_id, pending.rank), deque()).append(pending)
+        with self._lock:
+            self._waiting = waiting
 
     def hold(self, pending: captures.Pending) -> None:
         """Keep the capture until its rank's next batch."""
@@ -70,10 +97,10 @@ class CaptureDesk:
                 del self._waiting[(job_id, rank)]
         return pending
 
-    def delivered(self, pending: captures.Pending) -> None:
-        """Store that the rank was told."""
+    def claim(self, pending: captures.Pending) -> bool:
+        """Store that the rank is told now; False when another replica told it already."""
         with self._engine.begin() as conn:
-            captures.mark_delivered(conn, pending.capture_id, time.time())
+            return captures.mark_delivered(conn, pending.capture_id, time.time())
 
     def request(
         self,
@@ -89,24 +116,27 @@ class CaptureDesk:
         """Store a capture of `rank` and a reference rank (the lowest other rank that reported,
         unless named) and hold both for their next batch; the request id.
 
-        Raises JobNotFound for an unknown job, ValueError naming `rank`, `reference_rank` or
-        `num_steps` when one is wrong.
+        Raises JobNotFound for an unknown job, BadCaptureRequest naming `rank`,
+        `reference_rank` or `num_steps` when one is wrong.
         """
         num_steps = self.num_steps if num_steps is None else num_steps
         if not 1 <= num_steps <= self.max_steps:
-            raise ValueError(f"num_steps must be 1 to {self.max_steps}; got {num_steps}")
+            raise BadCaptureRequest(
+                "num_steps", f"num_steps must be 1 to {self.max_steps}; got {num_steps}"
+            )
         with self._engine.begin() as conn:
             known = captures.reported_ranks(conn, job_id)
             if not known:
                 raise JobNotFound(job_id)
             if rank not in known:
-                raise ValueError(f"rank {rank} has sent no batch for job {job_id!r}")
+                raise BadCaptureRequest("rank", f"rank {rank} has sent no batch for job {job_id!r}")
             if reference_rank is None:
                 others = [r for r in known if r != rank]
                 reference_rank = others[0] if others else None
             elif reference_rank == rank or reference_rank not in known:
-                raise ValueError(
-                    f"reference_rank {reference_rank} must be another rank that sent a batch"
+                raise BadCaptureRequest(
+                    "reference_rank",
+                    f"reference_rank {reference_rank} must be another rank that sent a batch",
                 )
             ranks: list[tuple[int, schema.CaptureRole]] = [(rank, "culprit")]
             if reference_rank is not None:

@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         auto=settings.capture_auto,
         max_auto_per_job=settings.capture_max_auto_per_job,
     )
-    desk.load()
+    desk.refresh()
     on_findings = fan_out(
         webhook_hook, exporter.pass_findings if exporter else None, desk.on_findings
     )

@@ -72,14 +72,15 @@ def pending_captures(conn: sa.Connection) -> list[Pending]:
     return [Pending(int(row[0]), row[1], int(row[2]), int(row[3])) for row in rows]
 
 
-def mark_delivered(conn: sa.Connection, capture_id: int, at: float) -> None:
-    """Note that the rank was told (in an ingest answer) at `at`."""
+def mark_delivered(conn: sa.Connection, capture_id: int, at: float) -> bool:
+    """Note that the rank is told (in an ingest answer) at `at`; False if it was already."""
     c = tables.captures
-    conn.execute(
+    result = conn.execute(
         sa.update(c)
         .where(c.c.id == capture_id, c.c.status == "requested")
         .values(status="delivered", delivered_at=at)
     )
+    return result.rowcount == 1
 
 
 def capture_status(conn: sa.Connection, capture_id: int) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,7 +13,7 @@ from stepscope import schema
 from stepscope.api.deps import MAX_RANK, EngineDep, IngestAuth, JobIdDep, ReadAuth
 from stepscope.api.errors import ERROR_RESPONSES, JOB_RESPONSES
 from stepscope.api.schemas import ErrorRead
-from stepscope.pipeline.captures import CaptureDesk
+from stepscope.pipeline.captures import BadCaptureRequest, CaptureDesk
 from stepscope.query.captures import TraceNotFound, capture_trace, job_captures
 
 router = APIRouter(tags=["captures"])
@@ -102,9 +103,12 @@ def request_capture(
 ) -> CaptureRequestRead:
     """Ask `rank` and a reference rank to record torch.profiler for `num_steps` steps
     (told in the answer to their next batch; scope ingest or admin); the request."""
-    request_id = desk.request(
-        job_id, rank=body.rank, reference_rank=body.reference_rank, num_steps=body.num_steps
-    )
+    try:
+        request_id = desk.request(
+            job_id, rank=body.rank, reference_rank=body.reference_rank, num_steps=body.num_steps
+        )
+    except BadCaptureRequest as exc:
+        raise RequestValidationError([{"loc": ("body", exc.field), "msg": str(exc)}]) from exc
     return next(r for r in _requests(engine, job_id) if r.id == request_id)
 
 
