@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from typing import Any
 
-TOP_OPERATORS = 40
-"""Operators kept in a trace's summary, by total time."""
+TOP_OPERATORS = 25
+"""Operators kept in a trace's summary per category, by total time."""
 SUMMARY_CATEGORIES = frozenset(
     {"cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy", "gpu_memset"}
 )
@@ -16,39 +17,68 @@ _SKIPPED_PREFIXES = ("ProfilerStep#", "<built-in method ", "torch/profiler/")
 
 
 def summarize_trace(doc: dict[str, Any]) -> dict[str, Any]:
-    """The trace's operators by total inclusive time (top TOP_OPERATORS), its span and count.
+    """The trace's operators by total inclusive time (the top TOP_OPERATORS of each category:
+    operators, annotations, Python functions, kernels), its span and counts.
 
     Each operator: {"name", "category", "count", "total_s"}. Times in the trace are in
-    microseconds (the Chrome trace format); the summary's are seconds.
+    microseconds (the Chrome trace format); the summary's are seconds. Python functions
+    that enclose a whole step (ProfilerStep#N), the training loop and its callers, are left
+    out: they would top every list with the length of the capture.
     """
+    events = [
+        e
+        for e in doc.get("traceEvents", ())
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("ts"), int | float)
+        and isinstance(e.get("dur"), int | float)
+    ]
+    steps = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    step_starts = [start for start, _ in steps]
     total_us: dict[tuple[str, str], float] = defaultdict(float)
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    start_us, end_us, num_events = float("inf"), float("-inf"), 0
-    for event in doc.get("traceEvents", ()):
-        if not isinstance(event, dict) or event.get("ph") != "X":
-            continue
-        ts, dur = event.get("ts"), event.get("dur")
-        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
-            continue
-        num_events += 1
+    start_us, end_us = float("inf"), float("-inf")
+    for event in events:
+        ts, dur = float(event["ts"]), float(event["dur"])
         start_us, end_us = min(start_us, ts), max(end_us, ts + dur)
         category, name = event.get("cat"), event.get("name")
         if category not in SUMMARY_CATEGORIES or not isinstance(name, str):
             continue
         if name.startswith(_SKIPPED_PREFIXES):
             continue
+        if category == "python_function" and _encloses_a_step(ts, ts + dur, steps, step_starts):
+            continue
         key = (name, str(category))
         total_us[key] += float(dur)
         counts[key] += 1
-    top = sorted(total_us.items(), key=lambda item: -item[1])[:TOP_OPERATORS]
+    ranked = sorted(total_us.items(), key=lambda item: -item[1])
+    kept: dict[str, int] = defaultdict(int)
+    top = []
+    for (name, category), us in ranked:
+        if kept[category] < TOP_OPERATORS:
+            kept[category] += 1
+            top.append(((name, category), us))
     return {
-        "num_events": num_events,
-        "span_s": (end_us - start_us) / 1e6 if num_events else 0.0,
+        "num_events": len(events),
+        "num_steps": len(steps),
+        "span_s": (end_us - start_us) / 1e6 if events else 0.0,
         "operators": [
             {"name": name, "category": cat, "count": counts[(name, cat)], "total_s": us / 1e6}
             for (name, cat), us in top
         ],
     }
+
+
+def _encloses_a_step(
+    start: float, end: float, steps: list[tuple[float, float]], step_starts: list[float]
+) -> bool:
+    """[start, end] holds the whole of the first step that starts in it."""
+    index = bisect.bisect_left(step_starts, start)
+    return index < len(steps) and steps[index][1] <= end
 
 
 def compare_summaries(

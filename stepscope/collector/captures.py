@@ -25,8 +25,8 @@ _STEP_PARAMETERS = ("first_step", "last_step")
 
 def _capture_id(request: Request) -> int:
     text = request.path_params["capture_id"]
-    if not text.isdigit() or len(text) > 18:
-        raise HTTPException(404, f"no capture {text!r}")
+    if not text.isdigit() or len(text) > 10 or int(text) > captures.MAX_CAPTURE_ID:
+        raise HTTPException(404, f"no capture {text[:40]!r}")
     return int(text)
 
 

@@ -112,13 +112,23 @@ class DeepCapture:
     # ---- the training thread: never raise ---------------------------------------------
 
     def before_step(self, step: int) -> None:
-        """Start the ordered profile at this step's start."""
+        """Start the ordered profile at this step's start, or mark the next recorded step
+        (a ProfilerStep#<step> annotation, which the summary uses)."""
+        running = self._running
+        if running is not None:
+            try:
+                self._profile.step()
+            except Exception as exc:
+                self._running, self._profile = None, None
+                self.armed = False
+                self._give_up(running, f"torch.profiler failed: {type(exc).__name__}: {exc}")
+            return
         with self._lock:
             order, self._order = self._order, None
-        if order is None or self._running is not None:
+        if order is None:
             return
         try:
-            profile = _start_profile(with_stack=self._with_stack)
+            profile = _start_profile(with_stack=self._with_stack, first_step=step)
         except Exception as exc:
             self.armed = False
             self._give_up(order, f"torch.profiler did not start: {type(exc).__name__}: {exc}")
@@ -222,17 +232,30 @@ class DeepCapture:
             raise OSError(f"HTTP {exc.code}: {detail}") from exc
 
 
-def _start_profile(*, with_stack: bool) -> Any:
-    """A started torch.profiler profile of the CPU (and CUDA when present)."""
+def _start_profile(*, with_stack: bool, first_step: int) -> Any:
+    """A started torch.profiler profile of the CPU (and CUDA when present), its steps
+    annotated ProfilerStep#<training step>."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    prof = profile(activities=activities, with_stack=with_stack, record_shapes=False)
+    prof = profile(
+        activities=activities,
+        schedule=_record_every_step,  # a schedule makes it annotate the steps
+        with_stack=with_stack,
+        record_shapes=False,
+    )
+    prof.step_num = first_step
     prof.start()
     return prof
+
+
+def _record_every_step(_step: int) -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD
 
 
 def _gzip_file(path: str, *, limit_bytes: int) -> bytes | None:

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from stepscope import schema
 from stepscope.store import tables
 
+MAX_CAPTURE_ID = 2**31 - 1
+"""Capture ids are 32-bit integers (an Integer primary key on both engines)."""
 _LISTED = tuple(c for c in tables.captures.columns if c.name != "trace_gz")
 
 

@@ -15,6 +15,7 @@ from stepscope.api.errors import ERROR_RESPONSES, JOB_RESPONSES
 from stepscope.api.schemas import ErrorRead
 from stepscope.pipeline.captures import BadCaptureRequest, CaptureDesk
 from stepscope.query.captures import TraceNotFound, capture_trace, job_captures
+from stepscope.store.captures import MAX_CAPTURE_ID
 
 router = APIRouter(tags=["captures"])
 
@@ -148,7 +149,7 @@ def _requests(engine: Any, job_id: str) -> list[CaptureRequestRead]:
 )
 def download_trace(
     engine: EngineDep,
-    capture_id: Annotated[int, Path(ge=1, le=2**62, description="A capture id")],
+    capture_id: Annotated[int, Path(ge=1, le=MAX_CAPTURE_ID, description="A capture id")],
     _auth: ReadAuth,
 ) -> Response:
     """The rank's torch.profiler trace as uploaded: gzipped Chrome/Perfetto JSON (open it in
