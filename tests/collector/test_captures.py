@@ -188,6 +188,7 @@ def test_bad_uploads_are_refused_whole_naming_the_problem(
             "last_step",
         ),
         (upload(client, 999_999, good), 404, "999999"),
+        (upload(client, 10**12, good), 404, "1000000000000"),
         (upload(client, capture_id, good, **{"Content-Encoding": "br"}), 415, "Content-Encoding"),
     ]
     for response, status, named in cases:

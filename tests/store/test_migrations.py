@@ -17,6 +17,8 @@ from stepscope.store.migrate import current_revision, downgrade, head_revision, 
 
 EXPECTED_TABLES = {
     "jobs",
+    "capture_requests",
+    "captures",
     "ranks",
     "steps",
     "collectives",
