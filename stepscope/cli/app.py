@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from stepscope.cli import admin, check, jobs, run, serve, simulate
+from stepscope.cli import admin, captures, check, jobs, run, serve, simulate
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="stepscope: training performance observability"
@@ -32,5 +32,7 @@ app.command()(jobs.show)
 app.command()(jobs.findings)
 app.command()(jobs.goodput)
 app.command()(jobs.export)
+app.command()(captures.capture)
+app.command()(captures.captures)
 app.command()(check.check)
 app.command()(check.report)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepscope import schema
+from stepscope.api.capture_read import CaptureRequestRead, capture_requests
 from stepscope.api.deps import MAX_RANK, EngineDep, IngestAuth, JobIdDep, ReadAuth
 from stepscope.api.errors import ERROR_RESPONSES, JOB_RESPONSES
 from stepscope.api.schemas import ErrorRead
 from stepscope.pipeline.captures import BadCaptureRequest, CaptureDesk
-from stepscope.query.captures import TraceNotFound, capture_trace, job_captures
+from stepscope.query.captures import TraceNotFound, capture_trace
 from stepscope.store.captures import MAX_CAPTURE_ID
 
 router = APIRouter(tags=["captures"])
@@ -29,61 +29,6 @@ class CaptureCreate(BaseModel):
     """Recorded beside it; default: the lowest other rank that sent a batch."""
     num_steps: int | None = Field(default=None, ge=1)
     """Default: the server's capture_steps."""
-
-
-class OperatorRead(BaseModel):
-    name: str
-    category: str
-    count: int
-    total_s: float
-
-
-class CaptureRead(BaseModel):
-    """One rank's capture: its status and, once uploaded, the trace's size and top operators."""
-
-    id: int
-    rank: int
-    role: schema.CaptureRole
-    status: schema.CaptureStatus
-    delivered_at: float | None
-    finished_at: float | None
-    first_step: int | None
-    last_step: int | None
-    error: str | None
-    trace_bytes: int | None
-    operators: list[OperatorRead]
-    download: str | None
-    """Where the gzipped trace is (GET, scope read), once uploaded."""
-
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> CaptureRead:
-        summary = row.get("summary") or {}
-        fields = {k: row[k] for k in cls.model_fields if k in row}
-        download = f"/api/v1/captures/{row['id']}/trace" if row["status"] == "uploaded" else None
-        return cls(**fields, operators=summary.get("operators", []), download=download)
-
-
-class OperatorDifference(BaseModel):
-    name: str
-    category: str
-    culprit_s: float
-    reference_s: float
-    difference_s: float
-
-
-class CaptureRequestRead(BaseModel):
-    """A capture request: why, its captures, and their operators side by side."""
-
-    id: int
-    job_id: str
-    reason: str
-    """The finding kind that asked, or "user"."""
-    requested_by: str
-    requested_at: float
-    num_steps: int
-    finding: dict[str, Any] | None
-    captures: list[CaptureRead]
-    comparison: list[OperatorDifference]
 
 
 async def _desk(request: Request) -> CaptureDesk:
@@ -110,31 +55,14 @@ def request_capture(
         )
     except BadCaptureRequest as exc:
         raise RequestValidationError([{"loc": ("body", exc.field), "msg": str(exc)}]) from exc
-    return next(r for r in _requests(engine, job_id) if r.id == request_id)
+    return next(r for r in capture_requests(engine, job_id) if r.id == request_id)
 
 
 @router.get("/jobs/{job_id}/captures", summary="A job's deep captures", responses=JOB_RESPONSES)
 def list_captures(engine: EngineDep, job_id: JobIdDep, _auth: ReadAuth) -> list[CaptureRequestRead]:
     """The job's capture requests, newest first, with each rank's top operators and the two
     ranks side by side."""
-    return _requests(engine, job_id)
-
-
-def _requests(engine: Any, job_id: str) -> list[CaptureRequestRead]:
-    return [
-        CaptureRequestRead(
-            id=r.id,
-            job_id=r.job_id,
-            reason=r.reason,
-            requested_by=r.requested_by,
-            requested_at=r.requested_at,
-            num_steps=r.num_steps,
-            finding=r.finding,
-            captures=[CaptureRead.of(c) for c in r.captures],
-            comparison=[OperatorDifference(**d) for d in r.comparison],
-        )
-        for r in job_captures(engine, job_id)
-    ]
+    return capture_requests(engine, job_id)
 
 
 @router.get(
