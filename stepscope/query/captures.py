@@ -63,12 +63,13 @@ class TraceNotFound(LookupError):
     """No capture with this id, or its trace is not stored (yet)."""
 
 
-def capture_trace(engine: sa.Engine, capture_id: int) -> Trace:
-    """The capture's gzipped trace; TraceNotFound when it has none."""
+def capture_trace(engine: sa.Engine, capture_id: int, *, job_id: str | None = None) -> Trace:
+    """The capture's gzipped trace (of `job_id`'s, when given); TraceNotFound when it has
+    none."""
     with engine.connect() as conn:
         found = captures.load_trace(conn, capture_id)
-    if found is None:
-        raise TraceNotFound(f"no capture {capture_id}")
+    if found is None or (job_id is not None and found[0] != job_id):
+        raise TraceNotFound(f"no capture {capture_id}" + (f" of job {job_id}" if job_id else ""))
     job_id, rank, trace_gz = found
     if trace_gz is None:
         raise TraceNotFound(f"capture {capture_id} has no trace (not uploaded)")

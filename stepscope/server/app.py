@@ -190,5 +190,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         auth=settings.auth,
         token_scopes=tokens.scopes,
         retry_after_s=settings.retry_after_s,
+        capture_desk=desk,
     )
     return app
