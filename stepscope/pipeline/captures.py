@@ -49,6 +49,10 @@ class CaptureDesk:
         max_auto_per_job: int,
         refresh_s: float = 1.0,
     ) -> None:
+        if not 1 <= num_steps <= max_steps:
+            raise ValueError(
+                f"capture_steps ({num_steps}) must be 1 to capture_request_max_steps ({max_steps})"
+            )
         self._engine = engine
         self.num_steps = num_steps
         self.max_steps = max_steps

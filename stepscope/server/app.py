@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     desk = CaptureDesk(
         engine,
         num_steps=settings.capture_steps,
-        max_steps=settings.capture_max_steps,
+        max_steps=settings.capture_request_max_steps,
         auto=settings.capture_auto,
         max_auto_per_job=settings.capture_max_auto_per_job,
     )

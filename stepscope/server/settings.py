@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     the analysis finds it (#21); off: only on request (API, dashboard, CLI)."""
     capture_steps: int = Field(default=5, ge=1, le=100)
     """Steps a deep capture records when the request does not say."""
-    capture_max_steps: int = Field(default=50, ge=1)
+    capture_request_max_steps: int = Field(default=50, ge=1)
     """Most steps a request may ask for."""
     capture_max_auto_per_job: int = Field(default=2, ge=0)
     """Captures the analysis asks for in one job, at most (one per rank)."""
