@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +13,7 @@ import httpx
 import pytest
 
 from stepscope.synthetic.generate import JobSpec, generate
+from tests.cli.test_read import stepscope
 from tests.collector.test_captures import SLOW_FUNCTION, live_batches, trace
 from tests.live_server import RunningServer, database_with_tokens, run_server
 
@@ -41,17 +39,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             response = httpx.post(f"{server.url}/v1/ingest", json=doc, headers=headers)
             assert response.status_code == 200, response.text
         yield Served(server, tokens)
-
-
-def stepscope(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "stepscope.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "COLUMNS": "100"},
-    )
 
 
 def test_capture_asks_and_captures_lists_and_downloads(served: Served, tmp_path: Path) -> None:
