@@ -151,6 +151,10 @@ class DeepCapture:
         try:
             if self._running is not None:
                 self._stop(last_step=None)
+            with self._lock:
+                order, self._order = self._order, None
+            if order is not None:
+                self._give_up(order, "the job ended before the capture started")
             deadline = time.monotonic() + timeout_s
             for thread in self._uploads:
                 thread.join(max(deadline - time.monotonic(), 0.0))
@@ -208,9 +212,17 @@ class DeepCapture:
                 shutil.rmtree(workdir, ignore_errors=True)
 
     def _give_up(self, order: Order, error: str) -> None:
-        """Tell the collector why (best effort)."""
+        """Tell the collector why, from a thread of its own (best effort): the training
+        thread and the shipper must not wait on it."""
         log.warning("stepscope: deep capture %d given up: %s", order.capture_id, error)
         self.results[order.capture_id] = error
+        thread = threading.Thread(
+            target=self._report, args=(order, error), name="stepscope-capture", daemon=True
+        )
+        self._uploads.append(thread)
+        thread.start()
+
+    def _report(self, order: Order, error: str) -> None:
         body = json.dumps({"error": error[:1000]}).encode()
         try:
             self._post(f"{order.upload_path}/failure", body, {})

@@ -16,7 +16,10 @@ import torch
 from torch import nn
 
 import stepscope
-from stepscope.profiler.capture import Order
+from stepscope.profiler.capture import Order, build_capture
+from stepscope.profiler.config import build_config
+from stepscope.synthetic.generate import JobSpec, generate
+from tests.collector.test_captures import live_batches
 from tests.live_server import RunningServer, run_server
 
 REGION = "stepscope_test_distinctive_region"
@@ -167,3 +170,31 @@ def test_an_order_that_is_not_one_is_ignored() -> None:
     ):
         with pytest.raises(ValueError, match="capture"):
             Order.of(bad, max_steps=20)
+
+
+def test_a_second_order_while_busy_and_an_order_never_started_are_reported(
+    server: RunningServer,
+) -> None:
+    job = generate(JobSpec(job_id="capture-busy", num_ranks=2, num_steps=20, spike_prob=0.0))
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for rank in range(2):
+            assert client.post("/v1/ingest", json=live_batches(job, rank)[0]).status_code == 200
+        asked = [
+            client.post("/api/v1/jobs/capture-busy/captures", json={"rank": 1}).json()
+            for _ in range(2)
+        ]
+        first, second = (next(c["id"] for c in r["captures"] if c["rank"] == 1) for r in asked)
+        capture = build_capture(build_config(url=server.url))
+        assert capture is not None
+        for capture_id in (first, second):
+            capture.offer(
+                {"id": capture_id, "num_steps": 2, "upload": f"/v1/captures/{capture_id}",
+                 "max_bytes": 10_000}
+            )  # fmt: skip
+        capture.close(timeout_s=30)
+        rows = {c["id"]: c for r in client.get("/api/v1/jobs/capture-busy/captures").json()
+                for c in r["captures"]}  # fmt: skip
+    assert rows[second]["status"] == "failed"
+    assert rows[second]["error"] == "another capture is in progress on this rank"
+    assert rows[first]["status"] == "failed"
+    assert rows[first]["error"] == "the job ended before the capture started"
