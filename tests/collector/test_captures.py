@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,11 +15,14 @@ import httpx
 import pytest
 
 from stepscope.synthetic.generate import JobSpec, SynthJob, generate
+from stepscope.synthetic.hangs import Layout, heartbeats, inject
 from stepscope.synthetic.stream import rank_batches
 from tests.jobs import STRAGGLER, straggler_job
 from tests.live_server import RunningServer, read_rows, run_server
 
 JOB = "capture-job"
+HANG_LAYOUT = Layout(dp=4, tp=4, pp=1)
+HANG_TS = 1_767_000_000.0
 SLOW_FUNCTION = "train.py(42): slow_rank_two_delay"
 
 
@@ -271,3 +276,34 @@ def test_a_finished_job_is_not_captured(client: httpx.Client) -> None:
             send(client, doc)
     client.post(f"/api/v1/jobs/{JOB}/analyze")
     assert client.get(f"/api/v1/jobs/{JOB}/captures").json() == []
+
+
+def test_a_hang_on_a_live_job_asks_for_a_capture_of_its_culprit(
+    server: RunningServer, client: httpx.Client
+) -> None:
+    """The hang monitor's finding goes to the same hook: its culprit (and a reference rank)
+    are asked, to record once the job moves again."""
+    job_id = "capture-hang"
+    job = generate(JobSpec(job_id=job_id, num_ranks=16, num_steps=40, spike_prob=0.0))
+    for rank in range(16):
+        send(client, live_batches(job, rank)[0])
+    hang = inject(
+        HANG_LAYOUT, job_id, "never_entered", 1, ts=HANG_TS + 1, step=30, base_seq=100,
+        rng=random.Random(2),
+    )  # fmt: skip
+    (culprit,) = hang.culprits
+    for doc in [*heartbeats(HANG_LAYOUT, job_id, ts=HANG_TS, step=30, base_seq=100),
+                *hang.heartbeats, *hang.reports]:  # fmt: skip
+        assert client.post("/v1/hangs", json=doc).status_code == 200
+
+    def asked() -> list[dict[str, Any]]:
+        return list(client.get(f"/api/v1/jobs/{job_id}/captures").json())
+
+    deadline = time.monotonic() + 30
+    while not asked() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [request] = asked()
+    assert (request["reason"], request["requested_by"]) == ("hang", "analysis")
+    by_role = {c["role"]: c["rank"] for c in request["captures"]}
+    assert by_role == {"culprit": culprit, "reference": 0 if culprit != 0 else 1}
+    assert request["finding"]["kind"] == "hang"
