@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 
 from stepscope import __version__, query
 from stepscope.analysis.regression import JobData
+from stepscope.api.capture_read import CaptureRequestRead, capture_requests
 from stepscope.api.fleet_read import NodeDetailRead, NodesPage
 from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead, fleet_read, goodput_read
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
@@ -79,6 +80,12 @@ class JobStore(Protocol):
 
     def node(self, node: str) -> NodeDetailRead: ...
 
+    def captures(self, job_id: str) -> list[CaptureRequestRead]: ...
+
+    def capture_trace(self, capture_id: int) -> bytes:
+        """A deep capture's trace, gzipped Chrome/Perfetto JSON, as uploaded."""
+        ...
+
     def gate_data(self, job_id: str) -> JobData:
         """The job's step rollups and rank levels, as the CI gate compares them."""
         ...
@@ -93,6 +100,7 @@ class JobStore(Protocol):
 
 
 _FINDINGS = TypeAdapter(list[FindingRead])
+_CAPTURES = TypeAdapter(list[CaptureRequestRead])
 T = TypeVar("T")
 
 
@@ -209,6 +217,17 @@ class LocalStore:
             )
         )
         return [r.job_id for r in rows]
+
+    def captures(self, job_id: str) -> list[CaptureRequestRead]:
+        return _guarded(lambda: capture_requests(self.engine, job_id))
+
+    def capture_trace(self, capture_id: int) -> bytes:
+        from stepscope.query.captures import TraceNotFound, capture_trace
+
+        try:
+            return capture_trace(self.engine, capture_id).trace_gz
+        except TraceNotFound as exc:
+            raise StoreError(str(exc)) from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -360,6 +379,26 @@ class RemoteStore:
         ids = [j["job_id"] for j in self._json("/jobs", params)["jobs"]]
         return [i for i in ids if i not in exclude][:last]
 
+    def captures(self, job_id: str) -> list[CaptureRequestRead]:
+        return _CAPTURES.validate_json(self._get(f"/jobs/{_quoted(job_id)}/captures"))
+
+    def capture_trace(self, capture_id: int) -> bytes:
+        return self._get(f"/captures/{capture_id}/trace")
+
+    def request_capture(
+        self, job_id: str, *, rank: int, reference_rank: int | None, num_steps: int | None
+    ) -> CaptureRequestRead:
+        """Ask the server for a deep capture of `rank` (the token needs ingest or admin)."""
+        body = {"rank": rank, "reference_rank": reference_rank, "num_steps": num_steps}
+        body = {k: v for k, v in body.items() if v is not None}
+        try:
+            response = self._client.post(f"/jobs/{_quoted(job_id)}/captures", json=body)
+        except httpx.HTTPError as exc:
+            raise StoreError(f"cannot reach {self.where}: {exc}") from None
+        if not response.is_success:
+            raise StoreError(_error_text(response))
+        return CaptureRequestRead.model_validate_json(response.content)
+
     def close(self) -> None:
         self._client.close()
 
@@ -396,7 +435,7 @@ def _error_text(response: httpx.Response) -> str:
     if response.status_code == 401:
         hint = " (pass --token or set STEPSCOPE_TOKEN)"
     elif response.status_code == 403:
-        hint = " (use a token with the read scope)"
+        hint = " (use a token with the scope it names)"
     else:
         hint = ""
     return f"{detail or response.reason_phrase} [HTTP {response.status_code}]{hint}"

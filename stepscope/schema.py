@@ -285,6 +285,13 @@ HANG_CLASSES: tuple[HangClass, ...] = get_args(HangClass)
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 COMPONENTS: tuple[Component, ...] = get_args(Component)
+CaptureStatus = Literal["requested", "delivered", "uploaded", "failed"]
+"""Where one rank's deep capture (#21) is: asked for, told to the rank in an ingest answer,
+its trace stored, or given up by the rank (the error says why)."""
+CaptureRole = Literal["culprit", "reference"]
+"""The rank a finding or a user names, or the healthy rank recorded beside it."""
+CAPTURE_STATUSES: tuple[CaptureStatus, ...] = get_args(CaptureStatus)
+CAPTURE_ROLES: tuple[CaptureRole, ...] = get_args(CaptureRole)
 Scope = Literal["ingest", "read", "admin"]
 """What a bearer token allows: send batches, read jobs, or everything (admin)."""
 SCOPES: tuple[Scope, ...] = get_args(Scope)

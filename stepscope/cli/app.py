@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from stepscope.cli import admin, check, jobs, nodes, run, serve, simulate
+from stepscope.cli import admin, captures, check, jobs, nodes, run, serve, simulate
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="stepscope: training performance observability"
@@ -33,5 +33,7 @@ app.command()(jobs.findings)
 app.command()(jobs.goodput)
 app.command()(jobs.export)
 app.command()(nodes.nodes)
+app.command()(captures.capture)
+app.command()(captures.captures)
 app.command()(check.check)
 app.command()(check.report)

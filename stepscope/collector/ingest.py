@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import orjson
 from fastapi import HTTPException, Request
@@ -12,6 +13,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
+from stepscope.pipeline.captures import CaptureDesk
+from stepscope.store.captures import Pending
 from stepscope.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -67,8 +70,41 @@ async def ingest(request: Request) -> Response:
     request.app.state.metrics.batch_stored(
         "/v1/ingest", result.accepted, duplicate=result.duplicate
     )
-    doc = {"accepted": result.accepted, "duplicate": result.duplicate}
+    doc: dict[str, Any] = {"accepted": result.accepted, "duplicate": result.duplicate}
+    capture = await _capture_for(request, batch)
+    if capture is not None:
+        doc["capture"] = capture
     return Response(orjson.dumps(doc), media_type="application/json")
+
+
+async def _capture_for(request: Request, batch: Batch) -> dict[str, Any] | None:
+    """The rank's deep capture not yet told (#21), marked delivered; None nearly always."""
+    desk: CaptureDesk = request.app.state.captures
+    if desk.refresh_due():
+        await run_in_threadpool(desk.refresh)
+    pending = desk.take(batch.job["job_id"], batch.source["rank"])
+    if pending is None:
+        return None
+    try:
+        claimed = await run_in_threadpool(desk.claim, pending)
+    except Exception:  # the batch is stored: answer it, and tell the rank with a later one
+        log.warning("could not claim capture %d", pending.capture_id, exc_info=True)
+        desk.hold(pending)
+        return None
+    if not claimed:  # another replica told it
+        return None
+    return capture_instruction(pending, request.app.state.settings.capture_max_bytes)
+
+
+def capture_instruction(pending: Pending, max_bytes: int) -> dict[str, Any]:
+    """What the ingest answer tells a rank: record `num_steps` steps, POST the trace to
+    `upload` (at most `max_bytes` gzipped)."""
+    return {
+        "id": pending.capture_id,
+        "num_steps": pending.num_steps,
+        "upload": f"/v1/captures/{pending.capture_id}",
+        "max_bytes": max_bytes,
+    }
 
 
 route = Route("/v1/ingest", ingest, methods=["POST"], include_in_schema=False)

@@ -10,6 +10,7 @@ import dash
 import flask
 import sqlalchemy as sa
 
+from stepscope.dashboard import captures as capture_panel
 from stepscope.dashboard import components, context, live
 from stepscope.dashboard.pages import PAGE_MODULES
 from stepscope.store.availability import OUTAGES, is_unavailable
@@ -17,10 +18,18 @@ from stepscope.store.availability import OUTAGES, is_unavailable
 ASSETS = Path(__file__).with_name("assets")
 
 
-def build_dash(engine: sa.Engine, *, auth: bool, retry_after_s: int = 5) -> dash.Dash:
+def build_dash(
+    engine: sa.Engine,
+    *,
+    auth: bool,
+    retry_after_s: int = 5,
+    captures: context.Captures | None = None,
+) -> dash.Dash:
     """A Dash app on its own Flask server, with every page and callback registered."""
     server = flask.Flask(__name__)
     context.attach(server, engine)
+    if captures is not None:
+        context.attach_captures(server, captures)
     _answer_outages(server, retry_after_s)
     app = dash.Dash(
         __name__,
@@ -39,6 +48,7 @@ def build_dash(engine: sa.Engine, *, auth: bool, retry_after_s: int = 5) -> dash
     for module in pages:
         module.register_callbacks(app)
     live.register_callbacks(app)
+    capture_panel.register_callbacks(app)
     return app
 
 

@@ -41,6 +41,14 @@ JOB_HANG_BANNER = "job-hang-banner"
 JOB_HANG = "job-hang"
 """The hang panel: ranks by state and their stacks."""
 
+JOB_CAPTURES = "job-captures"
+"""The deep-capture panel: each request's ranks and their operators side by side."""
+JOB_CAPTURES_POLL = "job-captures-poll"
+JOB_CAPTURE_RANK = "job-capture-rank"
+JOB_CAPTURE_STEPS = "job-capture-steps"
+JOB_CAPTURE_GO = "job-capture-go"
+JOB_CAPTURE_MESSAGE = "job-capture-message"
+
 RANK_METRICS = "rank-metrics"
 RANK_GPU = "rank-gpu"
 

@@ -30,6 +30,7 @@ from stepscope.schema import EVENT_KINDS, STEPS
 
 from .base import NULL_CONTEXT, Profiler
 from .calls import CollectiveCall
+from .capture import DeepCapture, build_capture
 from .comm import DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv, default_flush_interval_s
 from .flops import measure_flops, peak_flops_for
@@ -288,11 +289,13 @@ class ActiveProfiler(Profiler):
             if config.otlp_endpoint
             else None
         )
+        self._capture: DeepCapture | None = build_capture(config)
         self.shipper = Shipper(
             config=config,
             job=job,
             source=source,
             tee=self._otlp.record if self._otlp is not None else None,
+            on_capture=self._capture.offer if self._capture is not None else None,
         )
         self._send_start()
         self._groups = GroupRegistry()
@@ -462,6 +465,8 @@ class ActiveProfiler(Profiler):
                 self._gpu_sampler.stop()
             except Exception:
                 log.debug("stepscope: GPU sampler did not stop cleanly", exc_info=True)
+        if self._capture is not None:
+            self._capture.close(timeout_s=self.config.close_timeout_s)
         self._lifecycle_event("exit", time.time(), failed=int(failed))
         final_job = None
         if self.env.rank == 0:
@@ -520,6 +525,9 @@ class ActiveProfiler(Profiler):
         if self.config.flops_per_step == "auto" and self._flops_per_step is None:
             self._start_flop_count()
         self._current = record
+        capture = self._capture
+        if capture is not None and capture.armed:
+            capture.before_step(index)
 
     def _end_step(self, *, failed: bool) -> None:
         record = self._current
@@ -551,6 +559,9 @@ class ActiveProfiler(Profiler):
         ):
             self._resolved_at = now
             self._resolve(force=False)
+        capture = self._capture
+        if capture is not None and capture.armed:
+            capture.after_step(record.step)  # after step_s: its stop is in no step's time
 
     def _add_data_time(self, start: float, end: float) -> None:
         current = self._current

@@ -122,6 +122,23 @@ class Config:
     telemetry) through the OpenTelemetry SDK to this OTLP/HTTP metrics URL, e.g.
     http://otel-collector:4318/v1/metrics. Needs `pip install 'stepscope[otel]'`. None: off."""
 
+    capture: bool = True
+    """Record torch.profiler for a few steps when the collector asks (a deep capture of a
+    straggler or hung rank, or of a user's choice; #21) and upload the trace. Off: such
+    requests are ignored."""
+
+    capture_max_steps: int = 20
+    """Most steps one deep capture records, whatever the collector asks."""
+
+    capture_max_s: float = 120.0
+    """Longest a deep capture records, in seconds; it stops after the step that passes it."""
+
+    capture_with_stack: bool = True
+    """Record Python stacks (with_stack=True): the trace names the Python functions."""
+
+    capture_dir: str | None = None
+    """Directory for the trace while it is exported and compressed (None: the temp dir)."""
+
     def __post_init__(self) -> None:
         for name in (
             "flush_interval_s",
@@ -130,12 +147,18 @@ class Config:
             "backoff_max_s",
             "hang_after_s",
             "heartbeat_s",
+            "capture_max_s",
         ):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.close_timeout_s < 0:
             raise ValueError("close_timeout_s must be >= 0")
-        for name in ("max_buffer_rows", "max_batch_rows", "max_pending_batches"):
+        for name in (
+            "max_buffer_rows",
+            "max_batch_rows",
+            "max_pending_batches",
+            "capture_max_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.comm_timing not in COMM_TIMINGS:

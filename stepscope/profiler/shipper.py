@@ -104,11 +104,14 @@ class Shipper:
         source: dict[str, Any],
         start: bool = True,
         tee: Callable[[str, list[dict[str, Any]]], None] | None = None,
+        on_capture: Callable[[Any], None] | None = None,
     ) -> None:
         assert config.url is not None
         self._config = config
         self._tee = tee
         """Also told each batch's step and GPU rows, in this thread (the OTLP export)."""
+        self._on_capture = on_capture
+        """Told the deep-capture order an ingest answer carries (#21), in this thread."""
         self._flush_interval_s = config.flush_interval_s or default_flush_interval_s(
             int(job.get("world_size") or 1)
         )
@@ -312,7 +315,7 @@ class Shipper:
         )
         try:
             with urllib.request.urlopen(request, timeout=self._config.http_timeout_s) as response:
-                response.read()
+                answer = response.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
@@ -323,6 +326,16 @@ class Shipper:
             ) from exc
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
             raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
+        if self._on_capture is not None and b'"capture"' in answer:
+            self._offer_capture(answer)
+
+    def _offer_capture(self, answer: bytes) -> None:
+        try:
+            order = json.loads(answer).get("capture")
+            if order is not None:
+                self._on_capture(order)  # type: ignore[misc]
+        except Exception:  # a capture must never cost the records
+            log.warning("stepscope: could not take a capture order", exc_info=True)
 
     def _schedule_retry(self, error: str, retry_after_s: float = 0.0) -> None:
         if self._last_error is None:

@@ -13,10 +13,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from stepscope import __version__
 from stepscope.api import errors
 from stepscope.api.routes import router as api_router
+from stepscope.collector.captures import routes as capture_routes
 from stepscope.collector.hangs import route as hangs_route
 from stepscope.collector.ingest import route as ingest_route
 from stepscope.collector.otlp import RankDirectory
 from stepscope.collector.otlp import route as otlp_route
+from stepscope.pipeline.captures import CaptureDesk
 from stepscope.pipeline.hang_monitor import HangMonitor
 from stepscope.pipeline.job_pass import FindingsHook
 from stepscope.pipeline.resources import PassResources
@@ -89,7 +91,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     exporter = otlp_exporter(engine, settings)
     webhook_hook = webhooks.offer if webhooks else None
-    on_findings = fan_out(webhook_hook, exporter.pass_findings if exporter else None)
+    desk = CaptureDesk(
+        engine,
+        num_steps=settings.capture_steps,
+        max_steps=settings.capture_request_max_steps,
+        auto=settings.capture_auto,
+        max_auto_per_job=settings.capture_max_auto_per_job,
+    )
+    desk.refresh()
+    on_findings = fan_out(
+        webhook_hook, exporter.pass_findings if exporter else None, desk.on_findings
+    )
     resources = PassResources()  # shared by the background passes and POST .../analyze
     analyzer = BackgroundAnalyzer(
         engine,
@@ -105,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine,
         silent_after_s=settings.hang_silent_after_s,
         debounce_s=settings.hang_debounce_s,
-        on_findings=fan_out(webhook_hook, exporter.offered if exporter else None),
+        on_findings=fan_out(webhook_hook, exporter.offered if exporter else None, desk.on_findings),
     )
 
     @asynccontextmanager
@@ -139,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.writer = writer
     app.state.hang_monitor = hang_monitor
+    app.state.captures = desk
     app.state.metrics = metrics
     app.state.otlp_ranks = RankDirectory(engine, seen_within_s=settings.active_within_s)
     app.state.pass_resources = resources
@@ -159,6 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.router.routes.append(ingest_route)
     app.router.routes.append(otlp_route)
     app.router.routes.append(hangs_route)
+    app.router.routes.extend(capture_routes)
     app.include_router(api_router)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
 
@@ -176,5 +190,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         auth=settings.auth,
         token_scopes=tokens.scopes,
         retry_after_s=settings.retry_after_s,
+        capture_desk=desk,
     )
     return app

@@ -56,6 +56,19 @@ class Settings(BaseSettings):
     """How often each live job's summary is exported."""
     otlp_export_timeout_s: float = Field(default=10.0, gt=0)
     """How long one OTLP export request may take."""
+    capture_auto: bool = True
+    """Ask a live job's straggler or hung rank (and a reference rank) for a deep capture when
+    the analysis finds it (#21); off: only on request (API, dashboard, CLI)."""
+    capture_steps: int = Field(default=5, ge=1, le=100)
+    """Steps a deep capture records when the request does not say."""
+    capture_request_max_steps: int = Field(default=50, ge=1)
+    """Most steps a request may ask for."""
+    capture_max_auto_per_job: int = Field(default=2, ge=0)
+    """Captures the analysis asks for in one job, at most (one per rank)."""
+    capture_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    """Largest gzipped trace an upload may carry; ranks skip larger ones."""
+    capture_max_inflated_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    """Largest trace once decompressed."""
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Browser origins allowed to call the API (CORS), comma-separated; empty: CORS off."""
 

@@ -18,9 +18,11 @@ RAW_TABLES = (
     cast(sa.Table, tables.IngestBatch.__table__),
     tables.hang_reports,
     tables.otlp_metrics,
+    tables.captures,
+    tables.capture_requests,
 )
-"""What `prune --keep-rollups` deletes: the raw rows, which of their columns hold values and
-the batches' idempotency keys."""
+"""What `prune --keep-rollups` deletes: the raw rows, which of their columns hold values, the
+batches' idempotency keys, and the deep captures' traces (#21)."""
 DERIVED_TABLES = (
     *tables.ROLLUP_TABLES,
     tables.webhook_deliveries,

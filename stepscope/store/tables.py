@@ -333,3 +333,41 @@ otlp_metrics = sa.Table(
     sa.Column("bucket_counts", sa.JSON()),
 )
 """OTLP points that are not GPU telemetry, placed in a job and rank (POST /v1/metrics)."""
+
+# --- Deep captures (#21) -----------------------------------------------------------------
+
+capture_requests = sa.Table(
+    "capture_requests",
+    Base.metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(), nullable=False),
+    sa.Column("reason", sa.String(), nullable=False, comment="the finding kind, or user"),
+    sa.Column("finding", sa.JSON(), comment="the finding that asked, as it was then"),
+    sa.Column("num_steps", sa.Integer(), nullable=False, comment="steps to record"),
+    sa.Column("requested_at", sa.Float(precision=53), nullable=False, comment="[s]"),
+    sa.Column("requested_by", sa.String(), nullable=False, comment="analysis or api"),
+)
+"""One request for a deep capture: a culprit rank and a reference rank record torch.profiler."""
+sa.Index("ix_capture_requests_job_id", capture_requests.c.job_id)
+
+captures = sa.Table(
+    "captures",
+    Base.metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.Integer(), nullable=False),
+    sa.Column("job_id", sa.String(), nullable=False),
+    sa.Column("rank", sa.BigInteger(), nullable=False),
+    sa.Column("role", sa.String(), nullable=False, comment="culprit or reference"),
+    sa.Column("status", sa.String(), nullable=False, comment="one of CAPTURE_STATUSES"),
+    sa.Column("delivered_at", sa.Float(precision=53), comment="told to the rank [s]"),
+    sa.Column("finished_at", sa.Float(precision=53), comment="uploaded or failed [s]"),
+    sa.Column("first_step", sa.BigInteger()),
+    sa.Column("last_step", sa.BigInteger()),
+    sa.Column("error", sa.String(), comment="why the rank gave up"),
+    sa.Column("trace_bytes", sa.BigInteger(), comment="the gzipped trace's size [bytes]"),
+    sa.Column("trace_gz", sa.LargeBinary(), comment="the Chrome/Perfetto JSON trace, gzipped"),
+    sa.Column("summary", sa.JSON(), comment="top operators and their time"),
+)
+"""One rank's part of a capture request, with its trace once uploaded."""
+sa.Index("ix_captures_job_id", captures.c.job_id)
+sa.Index("ix_captures_request_id", captures.c.request_id)

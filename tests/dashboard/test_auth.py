@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from stepscope.dashboard.signin import COOKIE
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
 from tests.live_server import RunningServer, database_with_tokens, run_server
@@ -28,7 +29,7 @@ class Secured:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     db_url = f"sqlite:///{tmp_path_factory.mktemp('dash-auth') / 'stepscope.db'}"
-    tokens = database_with_tokens(db_url, ("read", "ingest"))
+    tokens = database_with_tokens(db_url, ("read", "ingest", "admin"))
     with run_server(db_url, extra_args=["--auth"]) as server:
         job = generate(JobSpec(job_id=JOB, num_ranks=2, num_steps=40, seed=1))
         job.job["name"] = NAME
@@ -145,3 +146,29 @@ def test_dashboard_responses_are_compressed(secured: Secured) -> None:
         r = c.get("/_dash-dependencies")
         assert r.status_code == 200
         assert r.headers["content-encoding"] == "gzip"
+
+
+@pytest.mark.browser
+def test_only_a_token_with_ingest_or_admin_asks_for_a_capture_on_the_job_page(
+    secured: Secured, browser: Any
+) -> None:
+    """A read token signs in and sees the captures, but asking for one needs more."""
+    url = secured.server.url
+    for scope, answer in (
+        ("read", "needs a token with the ingest or admin scope"),
+        ("admin", "asked"),
+    ):
+        context = browser.new_context()
+        try:
+            context.add_cookies([{"name": COOKIE, "value": secured.tokens[scope], "url": url}])
+            page = context.new_page()
+            page.goto(f"{url}/jobs/{JOB}")
+            page.locator("#job-capture-rank").wait_for(timeout=60_000)
+            page.fill("#job-capture-rank", "1")
+            page.click("#job-capture-go")
+            page.locator("#job-capture-message", has_text=answer).wait_for(timeout=20_000)
+        finally:
+            context.close()
+    read = {"Authorization": f"Bearer {secured.tokens['read']}"}
+    [request] = httpx.get(f"{url}/api/v1/jobs/{JOB}/captures", headers=read).json()
+    assert [c["rank"] for c in request["captures"]] == [1, 0]

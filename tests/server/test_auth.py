@@ -3,6 +3,7 @@ the right one (admin holds every scope)."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ class Secured:
     server: RunningServer
     tokens: dict[str, str]
     """scope → a token holding only that scope."""
+    capture_id: int
+    """A deep capture of JOB with its trace stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,9 @@ ROUTES = [
     Route("GET", "/api/v1/nodes/{node}", "read"),
     Route("POST", "/api/v1/jobs/{job_id}/analyze", "ingest"),
     Route("POST", "/v1/ingest", "ingest"),
+    Route("POST", "/api/v1/jobs/{job_id}/captures", "ingest"),
+    Route("GET", "/api/v1/jobs/{job_id}/captures", "read"),
+    Route("GET", "/api/v1/captures/{capture_id}/trace", "read"),
     Route("DELETE", "/api/v1/jobs/{job_id}", "admin"),
 ]
 
@@ -87,17 +93,38 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             timeout=120,
         )
         assert analyzed.status_code == 200, analyzed.text
-        yield Secured(server=server, tokens=tokens)
+        yield Secured(server=server, tokens=tokens, capture_id=stored_capture(server, tokens))
+
+
+def stored_capture(server: RunningServer, tokens: dict[str, str]) -> int:
+    """A capture of JOB's rank 0 asked for and its trace uploaded, with the ingest token."""
+    headers = {"Authorization": f"Bearer {tokens['ingest']}"}
+    asked = httpx.post(
+        f"{server.url}/api/v1/jobs/{JOB}/captures", json={"rank": 0}, headers=headers
+    )
+    assert asked.status_code == 201, asked.text
+    capture_id = int(asked.json()["captures"][0]["id"])
+    trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}
+    uploaded = httpx.post(
+        f"{server.url}/v1/captures/{capture_id}",
+        content=gzip.compress(orjson.dumps(trace)),
+        headers={**headers, "Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    return capture_id
 
 
 def call(secured: Secured, route: Route, token: str | None) -> httpx.Response:
     job_id = DOOMED if route.method == "DELETE" else JOB
-    path = route.template.format(job_id=job_id, node="node-0000")
+    path = route.template.format(job_id=job_id, node="node-0000", capture_id=secured.capture_id)
     params = {"baseline": JOB, "candidate": JOB} if path.endswith("/compare") else None
     if path.endswith("/api/v1/goodput"):
         params = {"since": 0}
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     body = None
+    if route.method == "POST" and path.endswith("/captures"):
+        body = orjson.dumps({"rank": 0})
+        headers["Content-Type"] = "application/json"
     if path == "/v1/ingest":
         job = generate(JobSpec(job_id="auth-ingest", num_ranks=1, num_steps=5))
         body = orjson.dumps(next(rank_batches(job, 0, steps_per_batch=5)))
@@ -179,3 +206,28 @@ def test_tokens_are_stored_as_hashes_only(secured: Secured, tmp_path: Path) -> N
 
     stored = repr(read_rows(secured.server.db_url, "api_tokens", None))
     assert all(token not in stored for token in secured.tokens.values())
+
+
+def test_uploading_a_capture_needs_the_ingest_scope(secured: Secured) -> None:
+    """The ranks' trace upload and failure report are outside the OpenAPI document, under
+    the ingest scope: refused before anything is read or stored."""
+    for path in (
+        f"/v1/captures/{secured.capture_id}",
+        f"/v1/captures/{secured.capture_id}/failure",
+    ):
+
+        def status(token: str | None, path: str = path) -> int:
+            headers = {"Content-Type": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            url = f"{secured.server.url}{path}"
+            return httpx.post(url, content=b'{"error": "x"}', headers=headers).status_code
+
+        assert status(None) == 401
+        assert status(secured.tokens["read"]) == 403
+    listed = httpx.get(
+        f"{secured.server.url}/api/v1/jobs/{JOB}/captures",
+        headers={"Authorization": f"Bearer {secured.tokens['read']}"},
+    ).json()
+    stored = [c for r in listed for c in r["captures"] if c["id"] == secured.capture_id]
+    assert [c["status"] for c in stored] == ["uploaded"]

@@ -18,6 +18,8 @@ from stepscope.store.migrate import current_revision, downgrade, head_revision, 
 EXPECTED_TABLES = {
     "node_levels",
     "jobs",
+    "capture_requests",
+    "captures",
     "ranks",
     "steps",
     "collectives",

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from stepscope.pipeline.job_pass import JobAnalyzer
-from stepscope.store import tables
+from stepscope.store import captures, tables
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from tests.support import write_job_in_rounds
@@ -28,11 +28,30 @@ def _store(engine: Any, job_id: str, start_ts: float) -> None:
     for _ in write_job_in_rounds(engine, generate(spec), steps_per_batch=100):
         pass
     JobAnalyzer(engine, job_id, grace_s=0.0).run()
+    with engine.begin() as conn:  # a deep capture with its trace (#21): raw, like the steps
+        _, [pending] = captures.create_request(
+            conn,
+            job_id=job_id,
+            ranks=[(1, "culprit")],
+            num_steps=3,
+            reason="user",
+            requested_by="api",
+            requested_at=start_ts,
+        )
+        captures.save_trace(
+            conn,
+            pending.capture_id,
+            trace_gz=b"\x1f\x8b trace",
+            summary={"operators": []},
+            first_step=5,
+            last_step=7,
+            at=start_ts,
+        )
 
 
 def _counts(engine: Any, job_id: str) -> dict[str, int]:
     names = ("steps", "collectives", "gpu_samples", "ingest_batches", "step_rollups")
-    names += ("rank_buckets", "findings", "job_summaries", "jobs")
+    names += ("rank_buckets", "findings", "job_summaries", "jobs", "captures", "capture_requests")
     with engine.connect() as conn:
         return {
             name: conn.execute(
@@ -71,7 +90,7 @@ def test_prune_keep_rollups_deletes_raw_rows_of_old_jobs_only(db_url: str) -> No
     assert done.returncode == 0, done.stderr
     assert "1 job(s)" in done.stderr
     after_old = _counts(engine, "old")
-    for raw in ("steps", "collectives", "gpu_samples", "ingest_batches"):
+    for raw in ("steps", "collectives", "gpu_samples", "ingest_batches", "captures"):
         assert before_old[raw] > 0
         assert after_old[raw] == 0, raw
     for kept in ("step_rollups", "rank_buckets", "findings", "job_summaries", "jobs"):

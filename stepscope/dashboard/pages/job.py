@@ -11,8 +11,10 @@ from dash import Input, Output, State, dcc, html
 from stepscope import figures, query
 from stepscope.dashboard import components as ui
 from stepscope.dashboard import context, data, ids, live
+from stepscope.dashboard.captures import capture_section_children
 from stepscope.dashboard.gestures import clicked_rank, step_range
 from stepscope.dashboard.hangs import hang_banner, hang_panel
+from stepscope.query.captures import job_captures
 from stepscope.query.goodput import JobGoodput
 from stepscope.text.goodput import top_badput
 from stepscope.text.labels import component, mesh_dim
@@ -179,6 +181,13 @@ def layout(job_id: str = "", **_query: str) -> html.Div:
             ui.section(
                 "GPU telemetry across devices",
                 ui.graph(ids.JOB_GPU, figures.gpu_figure(page.gpu)),
+            ),
+            ui.section(
+                "Deep captures",
+                *capture_section_children(job_id, job_captures(context.engine(), job_id)),
+                note="torch.profiler on a rank and a reference rank for a few steps, asked "
+                "after a straggler or hang or from here (scope ingest or admin); their top "
+                "operators side by side. Open a trace in ui.perfetto.dev.",
             ),
         ]
     )
