@@ -160,6 +160,24 @@ def run_server(
             stop(proc)
 
 
+@contextmanager
+def server_on(engine_name: str) -> Iterator[RunningServer]:
+    """A server on a new "sqlite" file or a new, migrated "postgresql" database."""
+    if engine_name == "sqlite":
+        with run_server() as running:
+            yield running
+        return
+    from stepscope.store.migrate import upgrade
+    from tests.support import fresh_postgres_database
+
+    with fresh_postgres_database() as db_url:
+        engine = make_engine(db_url)
+        upgrade(engine)
+        engine.dispose()
+        with run_server(db_url) as running:
+            yield running
+
+
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     """Terminate a process this test started, and kill it if it does not exit in time."""
     proc.terminate()

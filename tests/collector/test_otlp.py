@@ -25,12 +25,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from stepscope.store.engine import make_engine
-from stepscope.store.migrate import upgrade
 from stepscope.synthetic.generate import JobSpec, generate
 from stepscope.synthetic.stream import stream_job
-from tests.live_server import RunningServer, read_rows, run_server
-from tests.support import fresh_postgres_database
+from tests.live_server import RunningServer, read_rows, server_on
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
@@ -38,16 +35,8 @@ PROTOBUF = {"Content-Type": "application/x-protobuf"}
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     """A server on each engine (PostgreSQL writes the JSON columns through binary COPY)."""
-    if request.param == "sqlite":
-        with run_server() as running:
-            yield running
-        return
-    with fresh_postgres_database() as db_url:
-        engine = make_engine(db_url)
-        upgrade(engine)
-        engine.dispose()
-        with run_server(db_url) as running:
-            yield running
+    with server_on(request.param) as running:
+        yield running
 
 
 def _record(provider: MeterProvider) -> None:

@@ -22,10 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from stepscope.store.engine import make_engine
-from stepscope.store.migrate import upgrade
 from tests.collector.test_fuzz import json_values, places
-from tests.live_server import RunningServer, run_server
-from tests.support import fresh_postgres_database
+from tests.live_server import RunningServer, server_on
 
 NUM_EXAMPLES = {"sqlite": 1000, "postgresql": 250}
 """Exports per engine (each is an HTTP request and two counts: about 0.1 s)."""
@@ -34,16 +32,8 @@ JOB_ID = "fz-otlp"
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    if request.param == "sqlite":
-        with run_server() as running:
-            yield running
-        return
-    with fresh_postgres_database() as db_url:
-        engine = make_engine(db_url)
-        upgrade(engine)
-        engine.dispose()
-        with run_server(db_url) as running:
-            yield running
+    with server_on(request.param) as running:
+        yield running
 
 
 def _attribute(key: str, value: Any) -> dict[str, Any]:
