@@ -254,14 +254,7 @@ def decide(
     """The verdict on a tested metric; step_s is the baselines' step time (components' floor)."""
     cand = math.exp(t.cand_log)
     component = t.metric in COMPONENTS and step_s is not None
-    common: dict[str, Any] = {
-        "metric": t.metric,
-        "higher_is_better": t.sign < 0,
-        "candidate": cand,
-        "num_baselines": t.n,
-        "alpha": t.alpha,
-        "candidate_se": math.expm1(t.cand_se) if math.isfinite(t.cand_se) else None,
-    }
+    common = verdict_fields(t, cand, math.expm1(t.cand_se) if math.isfinite(t.cand_se) else None)
     if t.n == 0:
         return verdict_with(common, "inconclusive", "no baseline job to compare with")
     base = math.exp(t.base_mean)
@@ -325,6 +318,18 @@ def decide(
     else:
         reason = f"{what}: within the baselines' range ({beyond})"
     return verdict_with(common, "pass", reason, improved=improved)
+
+
+def verdict_fields(t: MetricTest, candidate: float, candidate_se: float | None) -> dict[str, Any]:
+    """The fields every verdict on `t` carries, whatever it decides."""
+    return {
+        "metric": t.metric,
+        "higher_is_better": t.sign < 0,
+        "candidate": candidate,
+        "num_baselines": t.n,
+        "alpha": t.alpha,
+        "candidate_se": candidate_se,
+    }
 
 
 def verdict_with(

@@ -10,7 +10,6 @@ accuracy goodput is measured to.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from stepscope.analysis.metric_tests import (
     MetricTest,
     MetricVerdict,
     too_few_baselines,
+    verdict_fields,
     verdict_with,
 )
 from stepscope.schema import GOODPUT_METRICS
@@ -58,14 +58,7 @@ def decide_share(t: MetricTest, config: CheckConfig) -> MetricVerdict:
     """The verdict on a share metric: a regression when it is worse than the baselines by more
     than both their spread allows (at the metric's alpha) and min_effect."""
     cand = t.cand_log
-    common: dict[str, Any] = {
-        "metric": t.metric,
-        "higher_is_better": t.sign < 0,
-        "candidate": cand,
-        "num_baselines": t.n,
-        "alpha": t.alpha,
-        "candidate_se": None,  # one number per job: no within-job noise
-    }
+    common = verdict_fields(t, cand, None)  # one number per job: no within-job noise
     if t.n == 0:
         return verdict_with(common, "inconclusive", "no baseline job to compare with")
     worse = t.sign * (cand - t.base_mean)
