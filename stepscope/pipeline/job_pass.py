@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -35,6 +35,7 @@ from stepscope.pipeline.node_levels import update_node_levels
 from stepscope.pipeline.recent_rows import RecentRows
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.state import AnalysisState, Write, widen
+from stepscope.query.goodput import goodput_share
 from stepscope.store import analysis_state, findings, frames, jobs, rollup_tables, tables
 from stepscope.store.job_locks import job_lock
 
@@ -243,6 +244,8 @@ class JobAnalyzer:
             result.findings = findings.load_findings(conn, self.job_id)
             if not rollup.is_empty() and state.plan is not None:
                 summary = compute.steady_summary(rollup, state.plan.base_step)
+                stored = [asdict(f) for f in result.findings]
+                summary["goodput"] = goodput_share(self.engine, job, rollup, stored)
                 severities = Counter(str(f.severity) for f in result.findings)
                 analysis_state.save_summary(conn, self.job_id, summary, severities, now)
         if tail is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ import polars as pl
 import sqlalchemy as sa
 
 from stepscope.analysis import goodput as gp
+from stepscope.analysis.lifecycles import Lifecycles
 from stepscope.query.common import require_job
 from stepscope.query.memo import per_pass
 from stepscope.store import frames, reads, tables
@@ -51,6 +53,55 @@ class JobGoodput:
     """Per window: start, end, gpu_s and every category's GPU-seconds (gp.windows)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What a job's goodput is computed from."""
+
+    job: dict[str, Any]
+    steps: pl.DataFrame
+    life: Lifecycles
+    world_size: int
+    hangs: list[tuple[float, float]]
+
+    @classmethod
+    def of(
+        cls,
+        engine: sa.Engine,
+        job: dict[str, Any],
+        rollup: pl.DataFrame,
+        stored_findings: Iterable[Mapping[str, Any]],
+    ) -> _Inputs:
+        steps = gp.job_steps(rollup)
+        events = reads.read_events_of_kinds(engine, job["job_id"], LIFECYCLE_KINDS)
+        life = gp.lifecycles(events)
+        world_size = int(job.get("world_size") or max(1, life.processes["rank"].n_unique()))
+        if life.processes.height == 0:
+            life = gp.without_lifecycle(steps, world_size)
+        return cls(job, steps, life, world_size, gp.hang_windows(stored_findings))
+
+    def whole_job(self) -> gp.Goodput:
+        return gp.goodput(
+            self.steps,
+            self.life,
+            world_size=self.world_size,
+            ended_at=self.job.get("ended_at"),
+            hangs=self.hangs,
+        )
+
+
+def goodput_share(
+    engine: sa.Engine,
+    job: dict[str, Any],
+    rollup: pl.DataFrame,
+    stored_findings: Iterable[Mapping[str, Any]],
+) -> float | None:
+    """The job's goodput (productive share of its GPU-time) from its step rollup (at least
+    the columns job_goodput reads) and findings; None before it has GPU-time. What each
+    analysis pass stores in the job's summary."""
+    result = _Inputs.of(engine, job, rollup, stored_findings).whole_job()
+    return result.goodput if result.total_s > 0 else None
+
+
 @per_pass
 def job_goodput(
     engine: sa.Engine,
@@ -65,21 +116,15 @@ def job_goodput(
     once per analyzer pass of the job (stepscope.query.memo), like its other rollup answers."""
     job = require_job(engine, job_id)
     rollup = reads.read_rollup(engine, tables.step_rollups, job_id, columns=_ROLLUP_COLUMNS)
-    steps = gp.job_steps(rollup)
-    life = gp.lifecycles(reads.read_events_of_kinds(engine, job_id, LIFECYCLE_KINDS))
-    world_size = int(job.get("world_size") or max(1, life.processes["rank"].n_unique()))
-    if life.processes.height == 0:
-        life = gp.without_lifecycle(steps, world_size)
     stored_findings = reads.read_findings(engine, job_id)
-    hangs = gp.hang_windows(stored_findings)
-    ended_at = job.get("ended_at")
-    result = gp.goodput(steps, life, world_size=world_size, ended_at=ended_at, hangs=hangs)
+    inputs = _Inputs.of(engine, job, rollup, stored_findings)
+    result, life, hangs = inputs.whole_job(), inputs.life, inputs.hangs
     ranks = None
     if per_rank:
         columns = ["rank", "step", "ts", "step_s", "data_s", "comm_wait_s"]
         raw = frames.read_frame(engine, "steps", job_id, columns=columns)
         by_rank = gp.rank_steps(raw)
-        ideal = gp.ideal_step_s(steps)
+        ideal = gp.ideal_step_s(inputs.steps)
         ranks = {}
         for rank in sorted(set(life.processes["rank"].to_list())):
             ranks[int(rank)] = gp.goodput(

@@ -146,6 +146,7 @@ _JOB_GAUGES = (
     ("step_p50_s", "stepscope_job_step_p50_seconds", "Median step time (steady state)"),
     ("tokens_per_s", "stepscope_job_tokens_per_second", "Tokens per second, whole job"),
     ("mfu", "stepscope_job_mfu_ratio", "Model FLOPs utilisation (0-1)"),
+    ("goodput", "stepscope_job_goodput_ratio", "Productive share of the job's GPU-time (0-1)"),
 )
 SEVERITIES = ("info", "warning", "critical")
 

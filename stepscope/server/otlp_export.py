@@ -96,6 +96,7 @@ def summary_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
             "stepscope.job.step_time_p50_s": row.get("step_p50_s"),
             "stepscope.job.tokens_per_s": row.get("tokens_per_s"),
             "stepscope.job.mfu": row.get("mfu"),
+            "stepscope.job.goodput": row.get("goodput"),
             "stepscope.job.findings.info": row.get("num_info"),
             "stepscope.job.findings.warning": row.get("num_warning"),
             "stepscope.job.findings.critical": row.get("num_critical"),

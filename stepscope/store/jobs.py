@@ -69,7 +69,15 @@ def rank_meshes(engine: sa.Engine, job_id: str) -> dict[int, dict[str, list[int]
     }
 
 
-LIVE_FIGURES = ("step_p50_s", "tokens_per_s", "mfu", "num_info", "num_warning", "num_critical")
+LIVE_FIGURES = (
+    "step_p50_s",
+    "tokens_per_s",
+    "mfu",
+    "goodput",
+    "num_info",
+    "num_warning",
+    "num_critical",
+)
 """The job_summaries columns that `live_job_figures` returns beside job_id and hang."""
 
 

@@ -233,6 +233,11 @@ job_summaries = sa.Table(
         "compute_share",
         "comm_wait_share",
     ),
+    sa.Column(
+        "goodput",
+        sa.Float(precision=53),
+        comment="productive share of the job's GPU-time (0-1), as of the last pass",
+    ),
     *(sa.Column(f"num_{s}", sa.Integer(), nullable=False) for s in ("info", "warning", "critical")),
     sa.Column("updated_at", sa.Float(precision=53), nullable=False),
 )

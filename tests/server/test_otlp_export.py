@@ -98,6 +98,8 @@ def test_the_server_exports_a_straggler_and_the_live_summary(db_url: str) -> Non
     assert latest["stepscope.job.step_time_p50_s"] == pytest.approx(summary["step_p50_s"])
     assert latest["stepscope.job.tokens_per_s"] == pytest.approx(summary["tokens_per_s"])
     assert latest["stepscope.job.mfu"] == pytest.approx(summary["mfu"])
+    assert 0.5 < summary["goodput"] <= 1.0
+    assert latest["stepscope.job.goodput"] == pytest.approx(summary["goodput"])
     assert latest["stepscope.job.findings.critical"] == summary["num_critical"]
 
 

@@ -176,6 +176,12 @@ def test_the_job_gauges_equal_the_apis_summary(scraped: Scraped) -> None:
     assert _one(tokens) == pytest.approx(summary["tokens_per_s"], rel=1e-9)
     mfu = _query(scraped, f'stepscope_job_mfu_ratio{{job_id="{JOB}"}}')
     assert _one(mfu) == pytest.approx(summary["mfu"], rel=1e-9)
+    goodput = httpx.get(
+        f"{scraped.server.url}/api/v1/jobs/{JOB}/goodput", headers=read, timeout=_SLOW_S
+    ).json()["goodput"]
+    assert 0.5 < goodput <= 1.0
+    ratio = _query(scraped, f'stepscope_job_goodput_ratio{{job_id="{JOB}"}}')
+    assert _one(ratio) == pytest.approx(goodput, rel=1e-9)
     hang = _query(scraped, f'stepscope_job_hang{{job_id="{JOB}"}}')
     assert _one(hang) == 0.0
     assert _one(_query(scraped, "stepscope_live_jobs")) == 1.0
@@ -208,6 +214,7 @@ def test_job_ids_with_quotes_and_backslashes_parse_back_exactly() -> None:
         "step_p50_s": 0.25,
         "tokens_per_s": 1e5,
         "mfu": None,
+        "goodput": 0.875,
         "num_info": 1,
         "num_warning": 0,
         "num_critical": 2,
@@ -222,6 +229,7 @@ def test_job_ids_with_quotes_and_backslashes_parse_back_exactly() -> None:
         ("stepscope_live_jobs", ()): 1.0,
         ("stepscope_job_step_p50_seconds", (("job_id", job_id),)): 0.25,
         ("stepscope_job_tokens_per_second", (("job_id", job_id),)): 1e5,
+        ("stepscope_job_goodput_ratio", (("job_id", job_id),)): 0.875,
         ("stepscope_job_findings", (("job_id", job_id), ("severity", "info"))): 1.0,
         ("stepscope_job_findings", (("job_id", job_id), ("severity", "warning"))): 0.0,
         ("stepscope_job_findings", (("job_id", job_id), ("severity", "critical"))): 2.0,
