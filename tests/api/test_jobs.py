@@ -167,3 +167,27 @@ def test_bad_parameters_are_422s_naming_the_parameter(api: Api) -> None:
 def test_analyze_needs_post(api: Api) -> None:
     assert api.client.get(f"/jobs/{JOB}/analyze").status_code == 405
     assert isinstance(api.client, httpx.Client)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"name": "' OR 1=1 --"},
+        {"name": "%"},
+        {"name": "_"},
+        {"name": "8x400'; DROP TABLE jobs; --"},
+        {"benchmark_key": "synth/8' OR '1'='1"},
+        {"benchmark_key": "%"},
+    ],
+)
+def test_filters_with_sql_fragments_match_literally(api: Api, params: dict[str, str]) -> None:
+    response = api.client.get("/jobs", params=params)
+    assert response.status_code == 200
+    assert response.json()["jobs"] == []
+    assert [j["job_id"] for j in api.client.get("/jobs").json()["jobs"]] == [JOB, OTHER]
+
+
+def test_a_cursor_that_is_not_ours_is_a_422(api: Api) -> None:
+    response = api.client.get("/jobs", params={"cursor": "' OR 1=1 --"})
+    assert response.status_code == 422
+    assert "cursor" in response.text
