@@ -142,9 +142,9 @@ class HangMonitor:
             for _, future in group:
                 future.set_exception(exc)
             return
+        # The jobs are due before any answer: a client holding its answer sees the attribution
+        # pending until one has seen its report.
         now = time.monotonic()
-        for _, future in group:
-            future.set_result(None)
         for row in rows:
             job_id = row["job_id"]
             cached = self._reports.get(job_id)
@@ -154,13 +154,18 @@ class HangMonitor:
                     cached[row["rank"]] = RankReport.of(row)
             if job_id not in self._dirty:
                 self._dirty[job_id] = max(now, self._last_run.get(job_id, 0.0) + self._debounce_s)
+        for _, future in group:
+            future.set_result(None)
+
+    def pending(self, job_id: str) -> bool:
+        """Reports of the job are stored that no attribution has seen yet."""
+        return job_id in self._dirty
 
     def _attribute_due(self) -> None:
         now = time.monotonic()
         for job_id, due in list(self._dirty.items()):
             if due > now:
                 continue
-            del self._dirty[job_id]
             self._last_run[job_id] = time.monotonic()
             try:
                 self.attribute(job_id)
@@ -169,6 +174,8 @@ class HangMonitor:
                     OUTAGES.unavailable(exc)
                 else:
                     log.exception("hang attribution of job %s failed", job_id)
+            finally:
+                del self._dirty[job_id]  # pending while it ran (stores wait for this thread)
 
     def attribute(self, job_id: str) -> schema.Finding | None:
         """Attribute the job's hang from its stored reports, in one transaction; the open

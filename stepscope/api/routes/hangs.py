@@ -11,7 +11,7 @@ from stepscope import query
 from stepscope.api.deps import EngineDep, JobIdDep, ReadAuth
 from stepscope.api.errors import JOB_RESPONSES
 from stepscope.api.schemas import FindingRead
-from stepscope.pipeline.hang_monitor import current_hang
+from stepscope.pipeline.hang_monitor import HangMonitor, current_hang
 from stepscope.query.summary import StoredFinding
 
 router = APIRouter(tags=["jobs"], responses=JOB_RESPONSES)
@@ -36,14 +36,16 @@ class HangRead(BaseModel):
     """Ranks that sent a hang report or heartbeat."""
     attributed_at: float | None
     """When this server last attributed the job's hang (epoch s)."""
+    attribution_pending: bool
+    """Reports are stored that the attribution has not seen yet (it follows within a
+    second): once a report's POST is answered, the hang includes it when this is false."""
 
 
-async def _hang_settings(request: Request) -> tuple[float, dict[str, float]]:
-    monitor = request.app.state.hang_monitor
-    return request.app.state.settings.hang_silent_after_s, monitor.attributed_at
+async def _hang_settings(request: Request) -> tuple[float, HangMonitor]:
+    return request.app.state.settings.hang_silent_after_s, request.app.state.hang_monitor
 
 
-HangSettingsDep = Annotated[tuple[float, dict[str, float]], Depends(_hang_settings)]
+HangSettingsDep = Annotated[tuple[float, HangMonitor], Depends(_hang_settings)]
 
 
 @router.get("/jobs/{job_id}/hang", summary="A job's hang now")
@@ -52,7 +54,7 @@ def job_hang(
 ) -> HangRead:
     """The open hang finding (or null) and the ranks by state: waiting in which collective,
     elsewhere, silent."""
-    silent_after_s, attributed_at = hang_settings
+    silent_after_s, monitor = hang_settings
     view = current_hang(engine, job_id, silent_after_s=silent_after_s)
     if view is None:
         query.job_summary(engine, job_id)  # 404 for an unknown job
@@ -64,7 +66,8 @@ def job_hang(
             explained_by_phase=False,
             ranks_by_state={"waiting": {}, "elsewhere": [], "silent": []},
             num_reports=0,
-            attributed_at=attributed_at.get(job_id),
+            attributed_at=monitor.attributed_at.get(job_id),
+            attribution_pending=monitor.pending(job_id),
         )
     finding = None
     if view.finding is not None and view.finding_id is not None:
@@ -77,5 +80,6 @@ def job_hang(
         explained_by_phase=view.state.explained_by_phase,
         ranks_by_state=view.state.ranks_by_state,
         num_reports=view.num_reports,
-        attributed_at=attributed_at.get(job_id),
+        attributed_at=monitor.attributed_at.get(job_id),
+        attribution_pending=monitor.pending(job_id),
     )
