@@ -35,16 +35,22 @@ def _is_unavailable_driver_error(exc: BaseException | None) -> bool:
     if isinstance(exc, sqlite3.OperationalError):
         message = str(exc).lower()
         return any(busy in message for busy in _SQLITE_BUSY)
-    try:
+    try:  # the server extra installs both: psycopg writes, ADBC reads (store.pg_reader)
+        import adbc_driver_manager
         import psycopg
-    except ImportError:  # pragma: no cover - the server extra installs it
+    except ImportError:  # pragma: no cover
         return False
-    if not isinstance(exc, psycopg.Error):
+    lost: tuple[type[Exception], ...]
+    if isinstance(exc, psycopg.Error):
+        lost = (psycopg.OperationalError, psycopg.InterfaceError)
+    elif isinstance(exc, adbc_driver_manager.Error):
+        lost = (adbc_driver_manager.OperationalError, adbc_driver_manager.InterfaceError)
+    else:
         return False
     state = exc.sqlstate
     if state is None:
         # No SQLSTATE: the client failed to connect or lost the connection.
-        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        return isinstance(exc, lost)
     return state.startswith(_PG_UNAVAILABLE_CLASSES) or state in _PG_RETRYABLE
 
 
