@@ -12,7 +12,8 @@ detector's min_offset) and >= 3 standard errors.
 Timing: 10,000 jobs of 128 nodes x 8 ranks (1.28 M node rows) over a fleet of 2,048 nodes
 written into a SQLite file (and with --postgres into PostgreSQL); then a job finishes: its
 levels from its 1,024-rank x 1,024-bucket own-time matrix, stored, and fleet health
-recomputed (the query layer's cached read brings in the new rows, then refits).
+recomputed (the query layer's cached read brings in the new rows, and the previous fit is
+updated by them: `stepscope.analysis.fleet.add_jobs`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -131,9 +133,11 @@ def store_history(engine: sa.Engine, levels: pl.DataFrame) -> float:
     return time.perf_counter() - start
 
 
-def finish_a_job(engine: sa.Engine, fleet_nodes: int, num_ranks: int) -> dict[str, float]:
+def finish_a_job(
+    engine: sa.Engine, job_id: str, fleet_nodes: int, num_ranks: int
+) -> dict[str, float]:
     """A 1,024-rank job finishes: its levels, stored; fleet health recomputed. Seconds each."""
-    rng = np.random.default_rng(99)
+    rng = np.random.default_rng(zlib.crc32(job_id.encode()))
     hosts = rng.choice(fleet_nodes, num_ranks // 8, replace=False)
     nodes = {r: node_name(int(hosts[r // 8])) for r in range(num_ranks)}
     gpus = {r: f"GPU-{nodes[r]}-{r % 8}" for r in range(num_ranks)}
@@ -142,11 +146,11 @@ def finish_a_job(engine: sa.Engine, fleet_nodes: int, num_ranks: int) -> dict[st
     levels = job_levels(own, np.arange(num_ranks), nodes, gpus)
     t1 = time.perf_counter()
     with engine.begin() as conn:
-        node_levels.replace_job_levels(conn, "just-finished", levels, 1.76e9, time.time())
+        node_levels.replace_job_levels(conn, job_id, levels, 1.76e9, time.time())
     t2 = time.perf_counter()
     fitted = fleet_query.health(engine)
     t3 = time.perf_counter()
-    assert "just-finished" in set(fitted.jobs["job_id"].unique().to_list())
+    assert job_id in set(fitted.jobs["job_id"].unique().to_list())
     return {"levels": t1 - t0, "store": t2 - t1, "refit": t3 - t2, "total": t3 - t0}
 
 
@@ -172,14 +176,12 @@ def timing(url: str, num_jobs: int, num_ranks: int, fleet_nodes: int) -> None:
     fit = time.perf_counter() - start
     print(f"  cold (full read + fit): {cold:.2f} s; fit alone: {fit:.2f} s; "
           f"{int(fitted.nodes['suspect'].sum())} suspects")  # fmt: skip
-    for attempt in (1, 2):
-        t = finish_a_job(engine, fleet_nodes, num_ranks)
+    for attempt in (1, 2, 3):
+        t = finish_a_job(engine, f"just-finished-{attempt}", fleet_nodes, num_ranks)
         print(
             f"  a job finishes ({attempt}): levels {t['levels']:.3f} s + store {t['store']:.3f} s"
             f" + recompute {t['refit']:.3f} s = {t['total']:.3f} s (goal <= {GOAL_S:.0f} s)"
         )
-        with engine.begin() as conn:  # the next attempt finishes it again
-            node_levels.replace_job_levels(conn, "just-finished", pl.DataFrame(), None, 0.0)
     engine.dispose()
 
 

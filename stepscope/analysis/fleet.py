@@ -32,8 +32,9 @@ time over the job's median rank) with a standard error. The model, on the log sc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -107,6 +108,60 @@ class FleetHealth:
     fit: pl.DataFrame | None = None
     """The alternation's end: per job ("job", job_id, offset) and node ("node", node,
     effect), log units: `fleet_health(..., start=fit)` refits from there."""
+    state: FleetState | None = None
+    """What `add_jobs` updates locally."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Rows:
+    """The model's input, one entry per (job, node) row."""
+
+    ids: pl.DataFrame
+    """job_id, node, ts."""
+    job_code: NDArray[np.int64]
+    node_code: NDArray[np.int64]
+    x: Floats
+    """The node's excess in the job (log units)."""
+    se2: Floats
+    ts: Floats
+
+
+@dataclass(kw_only=True, slots=True)
+class _NodeFigures:
+    """Per node: what its current period says."""
+
+    effect_now: Floats
+    shrunk: Floats
+    n_now: Floats
+    z: Floats
+    var: Floats
+    n_total: Floats
+    split: NDArray[np.bool_]
+    first_ts: Floats
+    last_ts: Floats
+    first_current_ts: Floats
+
+
+@dataclass(kw_only=True, slots=True)
+class FleetState:
+    """A full fit's arrays, which `add_jobs` extends by new jobs without refitting the rest."""
+
+    config: FleetConfig
+    rows: _Rows
+    job_names: list[str]
+    node_names: list[str]
+    offset: Floats
+    effect: Floats
+    r: Floats
+    sigma: Floats
+    score: Floats
+    current: NDArray[np.bool_]
+    figures: _NodeFigures
+    tau2: float
+    null_var: float
+    prior2: float
+    num_added_jobs: int = 0
+    """Jobs added locally since the full fit."""
 
 
 def fleet_health(
@@ -115,30 +170,12 @@ def fleet_health(
     """Every node's effect, confidence and since-when from per-(job, node) levels; `start`,
     a previous fit's `fit`, makes a refit after a few new jobs take a few alternations."""
     config = config or FleetConfig()
-    if "gpu" in levels.columns:  # node rows only (a GPU's row has its UUID there)
-        levels = levels.filter(pl.col("gpu").fill_null("") == "")
-    frame = levels.select(*INPUT_SCHEMA).cast(INPUT_SCHEMA)  # type: ignore[arg-type]
-    frame = frame.drop_nulls(["job_id", "node", "excess"]).filter(pl.col("excess").is_finite())
-    frame = frame.with_columns(
-        pl.col("se").fill_null(1.0).clip(lower_bound=1e-4), pl.col("ts").fill_null(0.0)
-    )
-    if frame.is_empty():
+    prepared = _prepare(levels)
+    if prepared is None:
         return _empty()
-    job_code = _codes(frame["job_id"])
-    sizes = np.bincount(job_code)
-    if (sizes[job_code] < 2).any():  # a job of one node says nothing about it
-        frame = frame.filter(pl.Series(sizes[job_code] >= 2))
-        if frame.is_empty():
-            return _empty()
-        job_code = _codes(frame["job_id"])
-    node_names = frame["node"].unique().sort()
-    node_code = frame["node"].cast(pl.Enum(node_names)).to_physical().to_numpy().astype(np.int64)
-    x = frame["excess"].to_numpy().astype(np.float64)
-    se2 = frame["se"].to_numpy().astype(np.float64) ** 2
-    num_jobs = int(job_code.max()) + 1
-    num_nodes = node_names.len()
-
-    job_names = frame["job_id"].unique().sort()
+    rows, job_names, node_names = prepared
+    x, se2, job_code, node_code = rows.x, rows.se2, rows.job_code, rows.node_code
+    num_jobs, num_nodes = job_names.len(), node_names.len()
     effect, offset = _started(start, node_names, job_names)
     median_se2 = float(np.median(se2))
     tau2 = _robust_var(x) - median_se2
@@ -156,74 +193,268 @@ def fleet_health(
     assert offset is not None
     tau2 = max(tau2, 1e-8)
     sigma = np.sqrt(tau2 + se2)
-    score = np.clip((r - math.log1p(config.tolerance)) / sigma, -config.clip, config.clip)
+    score = _scores(r, sigma, config)
     spread = np.clip((r - effect[node_code]) / sigma, -config.clip, config.clip)
     null_var = max(float(np.mean(spread**2)), 0.25)
+    current, figures, prior2 = _node_figures(
+        rows, r, sigma, score, effect, num_nodes, null_var, None, config
+    )
+    state = FleetState(
+        config=config,
+        rows=rows,
+        job_names=job_names.to_list(),
+        node_names=node_names.to_list(),
+        offset=offset,
+        effect=effect,
+        r=r,
+        sigma=sigma,
+        score=score,
+        current=current,
+        figures=figures,
+        tau2=tau2,
+        null_var=null_var,
+        prior2=prior2,
+    )
+    return _health(state)
 
-    ts = frame["ts"].to_numpy().astype(np.float64)
-    periods = _periods(node_code, job_code, ts, score, null_var, num_nodes, config)
+
+def add_jobs(previous: FleetHealth, levels: pl.DataFrame) -> FleetHealth | None:
+    """`previous` with the (job, node) levels of new jobs, updated locally: the new jobs'
+    offsets, then their nodes' effects, periods and evidence, every other node and job as
+    fitted; milliseconds where a full fit of a large fleet takes a second. The fleet's noise
+    and prior stay as fitted, so a full fit now and then (after many jobs) keeps them true.
+    None when `levels` holds a job already fitted (a refit is needed)."""
+    state = previous.state
+    prepared = _prepare(levels)
+    if state is None:
+        return None
+    if prepared is None:
+        return previous
+    fresh, fresh_jobs, fresh_nodes = prepared
+    known_jobs = dict(zip(state.job_names, range(len(state.job_names)), strict=True))
+    if any(job in known_jobs for job in fresh_jobs):
+        return None
+    config = state.config
+    node_index = dict(zip(state.node_names, range(len(state.node_names)), strict=True))
+    node_names = state.node_names + [n for n in fresh_nodes if n not in node_index]
+    num_nodes = len(node_names)
+    grown = num_nodes - len(state.node_names)
+    node_index.update((n, i) for i, n in enumerate(node_names) if n not in node_index)
+    to_node = np.array([node_index[n] for n in fresh_nodes], dtype=np.int64)
+    node_code = to_node[fresh.node_code]
+    effect = np.concatenate([state.effect, np.zeros(grown)])
+
+    # The new jobs' offsets against the fitted effects, and their rows' residuals.
+    sigma = np.sqrt(state.tau2 + fresh.se2)
+    own = fresh.x - effect[node_code]
+    offset = _huber(fresh.job_code, own, sigma**2, fresh_jobs.len(), steps=3)
+    r = fresh.x - offset[fresh.job_code]
+    rows = _Rows(
+        ids=pl.concat([state.rows.ids, fresh.ids]),
+        job_code=np.concatenate([state.rows.job_code, fresh.job_code + len(state.job_names)]),
+        node_code=np.concatenate([state.rows.node_code, node_code]),
+        x=np.concatenate([state.rows.x, fresh.x]),
+        se2=np.concatenate([state.rows.se2, fresh.se2]),
+        ts=np.concatenate([state.rows.ts, fresh.ts]),
+    )
+    all_r = np.concatenate([state.r, r])
+    all_sigma = np.concatenate([state.sigma, sigma])
+    all_score = np.concatenate([state.score, _scores(r, sigma, config)])
+
+    # Their nodes, refitted on all their rows.
+    touched = np.unique(node_code)
+    local = np.full(num_nodes, -1, dtype=np.int64)
+    local[touched] = np.arange(touched.size)
+    at = np.flatnonzero(local[rows.node_code] >= 0)
+    sub = _Rows(
+        ids=rows.ids,  # not read by _node_figures
+        job_code=rows.job_code[at],
+        node_code=local[rows.node_code[at]],
+        x=rows.x[at],
+        se2=rows.se2[at],
+        ts=rows.ts[at],
+    )
+    sub_r, sub_sigma = all_r[at], all_sigma[at]
+    effect[touched] = _huber(
+        sub.node_code, sub_r, sub_sigma**2, touched.size, start=effect[touched], steps=2
+    )
+    sub_current, sub_figures, _ = _node_figures(
+        sub, sub_r, sub_sigma, all_score[at], effect[touched], touched.size,
+        state.null_var, state.prior2, config,
+    )  # fmt: skip
+    current = np.concatenate([state.current, np.ones(r.size, dtype=bool)])
+    current[at] = sub_current
+    figures = _NodeFigures(
+        **{
+            f.name: _grown(
+                getattr(state.figures, f.name), grown, touched, getattr(sub_figures, f.name)
+            )
+            for f in fields(_NodeFigures)
+        }
+    )
+    updated = FleetState(
+        config=config,
+        rows=rows,
+        job_names=state.job_names + fresh_jobs.to_list(),
+        node_names=node_names,
+        offset=np.concatenate([state.offset, offset]),
+        effect=effect,
+        r=all_r,
+        sigma=all_sigma,
+        score=all_score,
+        current=current,
+        figures=figures,
+        tau2=state.tau2,
+        null_var=state.null_var,
+        prior2=state.prior2,
+        num_added_jobs=state.num_added_jobs + fresh_jobs.len(),
+    )
+    return _health(updated)
+
+
+def _grown(
+    values: NDArray[Any], grown: int, at: NDArray[np.int64], new: NDArray[Any]
+) -> NDArray[Any]:
+    """Per-node `values` with `grown` new nodes, and `new` values at `at`."""
+    out = np.concatenate([values, np.zeros(grown, dtype=values.dtype)])
+    out[at] = new
+    return out
+
+
+def _prepare(levels: pl.DataFrame) -> tuple[_Rows, pl.Series, pl.Series] | None:
+    """The rows the model reads (jobs of one node dropped), with the sorted job and node
+    names their codes index; None when there are none."""
+    if "gpu" in levels.columns:  # node rows only (a GPU's row has its UUID there)
+        levels = levels.filter(pl.col("gpu").fill_null("") == "")
+    if levels.is_empty():
+        return None
+    frame = levels.select(*INPUT_SCHEMA).cast(INPUT_SCHEMA)  # type: ignore[arg-type]
+    frame = frame.drop_nulls(["job_id", "node", "excess"]).filter(pl.col("excess").is_finite())
+    frame = frame.with_columns(
+        pl.col("se").fill_null(1.0).clip(lower_bound=1e-4), pl.col("ts").fill_null(0.0)
+    )
+    if frame.is_empty():
+        return None
+    job_names = frame["job_id"].unique().sort()
+    job_code = _codes(frame["job_id"], job_names)
+    sizes = np.bincount(job_code)
+    if (sizes[job_code] < 2).any():  # a job of one node says nothing about it
+        frame = frame.filter(pl.Series(sizes[job_code] >= 2))
+        if frame.is_empty():
+            return None
+        job_names = frame["job_id"].unique().sort()
+        job_code = _codes(frame["job_id"], job_names)
+    node_names = frame["node"].unique().sort()
+    rows = _Rows(
+        ids=frame.select("job_id", "node", "ts"),
+        job_code=job_code,
+        node_code=_codes(frame["node"], node_names),
+        x=frame["excess"].to_numpy().astype(np.float64),
+        se2=frame["se"].to_numpy().astype(np.float64) ** 2,
+        ts=frame["ts"].to_numpy().astype(np.float64),
+    )
+    return rows, job_names, node_names
+
+
+def _scores(r: Floats, sigma: Floats, config: FleetConfig) -> Floats:
+    """Each row's evidence that its node is slower than the tolerance, clipped (sigmas)."""
+    return np.clip((r - math.log1p(config.tolerance)) / sigma, -config.clip, config.clip)
+
+
+def _node_figures(
+    rows: _Rows,
+    r: Floats,
+    sigma: Floats,
+    score: Floats,
+    effect: Floats,
+    num_nodes: int,
+    null_var: float,
+    prior2: float | None,
+    config: FleetConfig,
+) -> tuple[NDArray[np.bool_], _NodeFigures, float]:
+    """Each row's current flag and each node's figures over its current period; the prior's
+    variance, estimated from the nodes when `prior2` is None."""
+    node_code = rows.node_code
+    periods = _periods(node_code, rows.job_code, rows.ts, score, null_var, num_nodes, config)
     current = periods.current
-    effect_now = _huber(
-        node_code[current], r[current], sigma[current] ** 2, num_nodes, start=effect, steps=4
-    )
-    n_now = np.bincount(node_code[current], minlength=num_nodes).astype(np.float64)
-    sum_score = np.bincount(node_code[current], score[current], minlength=num_nodes)
+    code_now, r_now, sigma2_now = node_code[current], r[current], sigma[current] ** 2
+    effect_now = _huber(code_now, r_now, sigma2_now, num_nodes, start=effect, steps=4)
+    n_now = np.bincount(code_now, minlength=num_nodes).astype(np.float64)
+    sum_score = np.bincount(code_now, score[current], minlength=num_nodes)
     z = np.where(n_now > 0, sum_score / np.sqrt(np.maximum(n_now, 1.0) * null_var), 0.0)
-    precision = np.bincount(node_code[current], 1.0 / sigma[current] ** 2, minlength=num_nodes)
-    v = np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
-    has = n_now >= config.min_jobs
-    prior2 = float(np.mean(effect_now[has] ** 2 - v[has])) if has.any() else 0.0
-    prior2 = max(prior2, math.log1p(config.tolerance) ** 2)
+    precision = np.bincount(code_now, 1.0 / sigma2_now, minlength=num_nodes)
+    var = np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
+    if prior2 is None:
+        has = n_now >= config.min_jobs
+        prior2 = float(np.mean(effect_now[has] ** 2 - var[has])) if has.any() else 0.0
+        prior2 = max(prior2, math.log1p(config.tolerance) ** 2)
     shrunk = _huber(
-        node_code[current],
-        r[current],
-        sigma[current] ** 2,
-        num_nodes,
-        start=effect_now,
-        steps=4,
+        code_now, r_now, sigma2_now, num_nodes, start=effect_now, steps=4,
         prior_precision=1 / prior2,
+    )  # fmt: skip
+    figures = _NodeFigures(
+        effect_now=effect_now,
+        shrunk=shrunk,
+        n_now=n_now,
+        z=z,
+        var=var,
+        n_total=np.bincount(node_code, minlength=num_nodes).astype(np.float64),
+        split=np.bincount(node_code[~current], minlength=num_nodes) > 0,
+        first_ts=periods.first_ts,
+        last_ts=periods.last_ts,
+        first_current_ts=periods.first_current_ts,
     )
+    return current, figures, prior2
 
-    p_one = np.array([1.0 - _PHI.cdf(float(s)) for s in z])
+
+def _health(state: FleetState) -> FleetHealth:
+    """The frames of a fitted state."""
+    config, f = state.config, state.figures
+    num_nodes = len(state.node_names)
+    p_one = np.array([1.0 - _PHI.cdf(float(s)) for s in f.z])
     confidence = np.clip(1.0 - p_one * num_nodes, 0.0, 1.0)
-    rel = np.expm1(shrunk)
+    rel = np.expm1(f.shrunk)
     suspect = (
-        (n_now >= config.min_jobs)
+        (f.n_now >= config.min_jobs)
         & (confidence >= config.min_confidence)
         & (rel >= config.min_effect)
     )
-    split = np.bincount(node_code[~current], minlength=num_nodes) > 0
-    jobs = frame.select("job_id", "node", "ts").with_columns(
-        residual=pl.Series(np.expm1(r)),
-        sigma=pl.Series(sigma),
-        score=pl.Series(score),
-        current=pl.Series(current),
+    jobs = state.rows.ids.with_columns(
+        residual=pl.Series(np.expm1(state.r)),
+        sigma=pl.Series(state.sigma),
+        score=pl.Series(state.score),
+        current=pl.Series(state.current),
     )
     nodes = pl.DataFrame(
         {
-            "node": node_names,
+            "node": pl.Series(state.node_names, dtype=pl.String),
             "effect": rel,
-            "raw_effect": np.expm1(effect_now),
-            "se": np.sqrt(v),
+            "raw_effect": np.expm1(f.effect_now),
+            "se": np.sqrt(f.var),
             "confidence": confidence,
-            "z": z,
-            "num_jobs": n_now.astype(np.int64),
-            "num_jobs_total": np.bincount(node_code, minlength=num_nodes).astype(np.int64),
-            "since": np.where(split | suspect, periods.first_current_ts, np.nan),
-            "first_ts": periods.first_ts,
-            "last_ts": periods.last_ts,
+            "z": f.z,
+            "num_jobs": f.n_now.astype(np.int64),
+            "num_jobs_total": f.n_total.astype(np.int64),
+            "since": np.where(f.split | suspect, f.first_current_ts, np.nan),
+            "first_ts": f.first_ts,
+            "last_ts": f.last_ts,
             "suspect": suspect,
         }
     ).with_columns(pl.col("since").fill_nan(None))
     nodes = nodes.sort(["suspect", "effect", "confidence"], descending=True)
     fit = pl.concat(
         [
-            pl.DataFrame({"kind": "job", "name": job_names, "value": offset}),
-            pl.DataFrame({"kind": "node", "name": node_names, "value": effect}),
+            pl.DataFrame({"kind": "job", "name": state.job_names, "value": state.offset}),
+            pl.DataFrame({"kind": "node", "name": state.node_names, "value": state.effect}),
         ]
     )
     return FleetHealth(
-        nodes=nodes, jobs=jobs, tau=math.sqrt(tau2), prior_sd=math.sqrt(prior2), fit=fit
+        nodes=nodes,
+        jobs=jobs,
+        tau=math.sqrt(state.tau2),
+        prior_sd=math.sqrt(state.prior2),
+        fit=fit,
+        state=state,
     )
 
 
@@ -312,9 +543,9 @@ def _huber(
     return mu
 
 
-def _codes(values: pl.Series) -> NDArray[np.int64]:
-    """0..n-1 for the n distinct values, in sorted order."""
-    return values.cast(pl.Enum(values.unique().sort())).to_physical().to_numpy().astype(np.int64)
+def _codes(values: pl.Series, names: pl.Series) -> NDArray[np.int64]:
+    """Each value's index in `names` (its distinct values, sorted)."""
+    return values.cast(pl.Enum(names)).to_physical().to_numpy().astype(np.int64)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -3,12 +3,14 @@ node's jobs, GPUs and findings.
 
 The model reads every job's stored node levels. They are kept in memory per database and
 brought up to date by reading only the rows written since (a finished job adds its own), so
-recomputing after a job finishes reads one job's rows and refits; a deleted job (fewer rows
-than the cache holds) makes the next read a full one.
+recomputing after a job finishes reads one job's rows and updates the previous fit by them;
+a deleted or replaced job refits, and a deleted job (fewer rows than the cache holds) makes
+the next read a full one.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -17,10 +19,12 @@ from typing import Any
 import polars as pl
 import sqlalchemy as sa
 
-from stepscope.analysis.fleet import FleetConfig, FleetHealth, fleet_health
+from stepscope.analysis.fleet import FleetConfig, FleetHealth, add_jobs, fleet_health
 from stepscope.query.common import check_choice
 from stepscope.schema import expand_ranks
 from stepscope.store import jobs, node_levels, reads
+
+log = logging.getLogger(__name__)
 
 SORT_KEYS = ("effect", "confidence", "num_jobs", "node", "since")
 NODE_FINDING_KINDS = ("straggler_rank", "straggler_node", "gpu_throttling", "slow_collective")
@@ -43,10 +47,18 @@ class _Cached:
     health: FleetHealth | None = None
     start: pl.DataFrame | None = None
     """The previous fit's offsets and effects, where the next fit starts."""
+    previous: FleetHealth | None = None
+    """The previous fit, when `added` holds every row since (new jobs only)."""
+    added: pl.DataFrame | None = None
+    refitting: bool = False
 
 
 _cache: dict[str, _Cached] = {}
 _lock = threading.Lock()
+_REFIT_SHARE = 0.01
+"""A full fit follows (in the background) once jobs added locally exceed this share of the
+fleet's jobs (and _REFIT_MIN_JOBS): the noise and the prior stay true, every offset moves."""
+_REFIT_MIN_JOBS = 20
 
 
 def fleet_levels(engine: sa.Engine) -> pl.DataFrame:
@@ -62,18 +74,20 @@ def _current(engine: sa.Engine) -> _Cached:
     if cached is not None and (cached.count, cached.latest) == (count, latest):
         return cached
     levels: pl.DataFrame | None = None
+    added = None
     if cached is not None and math.isfinite(cached.latest):
         fresh = node_levels.read_fleet_levels(engine, updated_after=cached.latest)
         kept = cached.levels.filter(~pl.col("job_id").is_in(fresh["job_id"].unique().implode()))
         merged = pl.concat([kept, fresh], rechunk=True)
         if merged.height == count:
             levels = merged if _in_time_order(merged) else merged.sort("ts", "job_id")
+            added = fresh if kept.height == cached.levels.height else None
     if levels is None:
         levels = node_levels.read_fleet_levels(engine).sort("ts", "job_id")
-    start = None
+    entry = _Cached(count=levels.height, latest=latest, levels=levels)
     if cached is not None:
-        start = cached.health.fit if cached.health is not None else cached.start
-    entry = _Cached(count=levels.height, latest=latest, levels=levels, start=start)
+        entry.start = cached.health.fit if cached.health is not None else cached.start
+        entry.previous, entry.added = cached.health, added
     with _lock:
         _cache[key] = entry
     return entry
@@ -86,13 +100,42 @@ def _in_time_order(levels: pl.DataFrame) -> bool:
 
 
 def health(engine: sa.Engine, config: FleetConfig | None = None) -> FleetHealth:
-    """The fitted fleet, refitted when a job's levels changed since the last fit."""
+    """The fitted fleet: after new jobs, the previous fit updated by them (`add_jobs`, a full
+    fit following in the background now and then); otherwise refitted."""
     entry = _current(engine)
     if config is not None:
         return fleet_health(entry.levels, config)
     if entry.health is None:
-        entry.health = fleet_health(entry.levels, start=entry.start)
+        if entry.previous is not None and entry.added is not None:
+            entry.health = add_jobs(entry.previous, entry.added)
+        if entry.health is None:
+            entry.health = fleet_health(entry.levels, start=entry.start)
+        entry.previous = entry.added = None
+    state = entry.health.state
+    if state is not None and state.num_added_jobs > max(
+        _REFIT_MIN_JOBS, _REFIT_SHARE * len(state.job_names)
+    ):
+        _refit_in_background(entry)
     return entry.health
+
+
+def _refit_in_background(entry: _Cached) -> None:
+    """Fit the entry's levels in full on a thread of its own; its health once done."""
+    with _lock:
+        if entry.refitting:
+            return
+        entry.refitting = True
+
+    def refit() -> None:
+        try:
+            start = entry.health.fit if entry.health is not None else entry.start
+            entry.health = fleet_health(entry.levels, start=start)
+        except Exception:
+            log.exception("the background fit of fleet health failed")
+        finally:
+            entry.refitting = False
+
+    threading.Thread(target=refit, name="stepscope-fleet-fit", daemon=True).start()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from stepscope.analysis.fleet import FleetConfig, fleet_health
+from stepscope.analysis.fleet import FleetConfig, add_jobs, fleet_health
 from stepscope.analysis.node_levels import job_levels
 from stepscope.synthetic.fleet import FleetSpec, fleet_jobs, fleet_levels, slow_node_names
 from stepscope.synthetic.generate import node_name
@@ -140,3 +140,49 @@ def test_the_fit_does_not_depend_on_the_order_of_the_rows_or_a_warm_start() -> N
     assert warm_nodes.select(columns).equals(cold_nodes.select(columns))
     assert np.allclose(warm_nodes["effect"], cold_nodes["effect"], atol=1e-3)
     assert cold.nodes.filter(pl.col("node") == node_name(4))["suspect"][0]
+
+
+def test_new_jobs_added_to_a_fit_land_where_a_full_fit_does() -> None:
+    # Node 9 turns slow late: its change shows only with the jobs added.
+    spec = FleetSpec(seed=3, num_jobs=220, slow_nodes={4: 1.07, 9: 1.05}, slow_from_job={9: 185})
+    levels = fleet_levels(spec)
+    jobs_in_time = levels.group_by("job_id").agg(pl.col("ts").min()).sort("ts", "job_id")
+    last_jobs = jobs_in_time["job_id"].tail(20).implode()
+    before = levels.filter(~pl.col("job_id").is_in(last_jobs))
+    # A node no job had before, in a job of its own with a known node (it joins the fleet).
+    newcomer = levels.filter(pl.col("job_id").is_in(last_jobs), pl.col("gpu") == "")
+    newcomer = newcomer.head(2).with_columns(
+        job_id=pl.lit("with-a-new-node"), node=pl.Series(["brand-new", newcomer["node"][1]])
+    )
+    added = pl.concat([levels.filter(pl.col("job_id").is_in(last_jobs)), newcomer])
+
+    fitted = fleet_health(before)
+    assert fitted.state is not None
+    assert fitted.jobs["current"].all()
+    updated = add_jobs(fitted, added)
+    full = fleet_health(pl.concat([before, added]), start=fitted.fit)
+    assert updated is not None
+    assert updated.state is not None
+    assert updated.state.num_added_jobs == 21
+    local_jobs, refitted_jobs = (f.jobs.sort("job_id", "node") for f in (updated, full))
+    assert local_jobs["current"].equals(refitted_jobs["current"])
+    assert not local_jobs["current"].all()
+    # Offsets of the jobs fitted before stay (a full fit moves those of small jobs a little).
+    moved = (local_jobs["residual"] - refitted_jobs["residual"]).abs()
+    assert moved.quantile(0.99) < 1e-3
+    assert moved.max() < 0.5 * updated.tau  # type: ignore[operator]
+    columns = ["node", "suspect", "num_jobs", "num_jobs_total", "since"]
+    local, refitted = updated.nodes.sort("node"), full.nodes.sort("node")
+    assert local.select(columns).equals(refitted.select(columns))
+    assert np.allclose(local["effect"], refitted["effect"], atol=2e-3)
+    assert np.allclose(local["confidence"], refitted["confidence"], atol=0.05)
+    assert set(updated.nodes.filter(pl.col("suspect"))["node"]) == {node_name(4), node_name(9)}
+    assert updated.fit is not None
+    assert full.fit is not None
+    effects = updated.fit.join(full.fit, on=["kind", "name"], how="full", coalesce=True)
+    assert effects.height == full.fit.height
+    # One job of two nodes places the new node loosely; every other node lands close.
+    effects = effects.filter(pl.col("kind") == "node", pl.col("name") != "brand-new")
+    assert np.allclose(effects["value"], effects["value_right"], atol=1e-3)
+    # Jobs fitted already need a full fit.
+    assert add_jobs(updated, newcomer) is None
