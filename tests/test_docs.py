@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import pytest
 from stepscope.profiler.config import ENV_PREFIX, Config
 from stepscope.server.settings import Settings
 from tests.live_server import RunningServer, run_server
-from tests.support import require_torchrun
+from tests.support import require, require_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -83,6 +84,19 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     headings = re.findall(r"^#{1,6}\s+(.*?)\s*#*$", prose(path), flags=re.M)
     return {slug(h) for h in headings}
+
+
+def test_blocks_and_anchors_are_read_as_github_does(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# The `serve` command\n## 1. Install\n\n```bash runnable\necho hi\n```\n\n"
+        "```python\n# not a heading\n```\n"
+    )
+    assert anchors(page) == {"the-serve-command", "1-install"}
+    first, second = blocks(page)
+    assert (first.line, first.language, first.runnable) == (4, "bash", True)
+    assert first.text == "echo hi\n"
+    assert (second.language, second.runnable) == ("python", False)
 
 
 def test_the_docs_mark_runnable_blocks() -> None:
@@ -205,6 +219,8 @@ def test_runnable_blocks_run(path: Path, server: RunningServer, tmp_path: Path) 
         assert block.language in ("bash", "python"), block.where
         if "torchrun" in block.text:
             require_torchrun()
+        if "curl " in block.text:
+            require(shutil.which("curl") is not None, "curl (apt-get install curl)")
         done = run_block(block, tmp_path, env)
         assert done.returncode == 0, f"{block.where}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert httpx.get(f"{server.url}/healthz").status_code == 200
