@@ -11,8 +11,10 @@ from stepscope.cli.options import DbOption, database_url, fail, stderr
 
 
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+    host: Annotated[
+        str, typer.Option(envvar="STEPSCOPE_HOST", help="Address to listen on")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="STEPSCOPE_PORT", help="Port to listen on")] = 8000,
     db: DbOption = None,
     auth: Annotated[
         bool | None, typer.Option("--auth/--no-auth", help="Require bearer tokens")

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+import pytest
 
-def test_serve_refuses_a_public_address_without_auth() -> None:
+
+@pytest.mark.parametrize("by", ["options", "environment"])
+def test_serve_refuses_a_public_address_without_auth(by: str) -> None:
+    args, env = ["--host", "0.0.0.0", "--port", "0"], dict(os.environ)
+    if by == "environment":
+        args = []
+        env.update(STEPSCOPE_HOST="0.0.0.0", STEPSCOPE_PORT="0")
     out = subprocess.run(
-        [sys.executable, "-m", "stepscope.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "stepscope.cli", "serve", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     assert out.returncode == 2
     assert "--auth" in out.stderr
