@@ -110,8 +110,8 @@ def print_jobs(page: JobsPage) -> None:
 
 
 def terminal_width() -> int:
-    """The terminal's width (COLUMNS when set), at most WIDTH: lines read at 80 columns."""
-    return min(Console().width, WIDTH)
+    """The terminal's width: COLUMNS when set, 80 when not a terminal."""
+    return Console().width
 
 
 def print_nodes(page: NodesPage) -> None:
