@@ -82,7 +82,10 @@ def print_table(columns: Sequence[Column], width: int) -> None:
         table.add_column(column.header, no_wrap=True, overflow="ellipsis")
     for row in zip(*(c.cells for c in fitted), strict=True):
         table.add_row(*row)
-    Console(width=width, highlight=False).print(table)
+    console = Console(width=width, highlight=False)
+    with console.capture() as captured:
+        console.print(table)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def print_jobs(page: JobsPage) -> None:

@@ -81,12 +81,14 @@ class Column:
 
 
 def fit_columns(columns: Sequence[Column], width: int, *, gap: int = 2) -> list[Column]:
-    """The columns that fit in `width` characters, `gap` apart: the droppable ones dropped in
-    their order until the rest fits, then the id column's cells elided in the middle (to no
-    fewer than MIN_ID_WIDTH characters)."""
-    kept = list(columns)
+    """The columns that fit in `width` characters, `gap` apart: an id column elided in its
+    middle to a third of the width (an id does not push the figures out), the droppable
+    columns dropped in their order until the rest fits, then the id column elided further
+    (to no fewer than MIN_ID_WIDTH characters)."""
+    id_width = max(MIN_ID_WIDTH, width // 3)
+    kept = [_elided(c, id_width) if c.elide and c.width > id_width else c for c in columns]
     droppable = sorted(
-        (c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order or 0
+        (c for c in kept if c.drop_order is not None), key=lambda c: c.drop_order or 0
     )
 
     def total(cols: Sequence[Column]) -> int:
@@ -104,11 +106,11 @@ def fit_columns(columns: Sequence[Column], width: int, *, gap: int = 2) -> list[
         if column.elide and excess > 0:
             target = max(column.width - excess, MIN_ID_WIDTH, len(column.header))
             excess -= column.width - target
-            column = Column(
-                column.header,
-                [elide_middle(c, target) for c in column.cells],
-                column.drop_order,
-                column.elide,
-            )
+            column = _elided(column, target)
         fitted.append(column)
     return fitted
+
+
+def _elided(column: Column, width: int) -> Column:
+    cells = [elide_middle(c, width) for c in column.cells]
+    return Column(column.header, cells, column.drop_order, column.elide)
