@@ -118,7 +118,8 @@ def _cost(f: Finding) -> float:
 
 def folded_lines(changes: Sequence[Finding], width: int = WIDTH) -> list[str]:
     """The changes a finding explains, indented, one line per kind with every metric on it:
-    "  └ job throughput drop steps 200-399: tokens/s -21.0%, MFU -21.0%"."""
+    "  └ job throughput drop steps 200-399: tokens/s -21.0%, MFU -21.0%" (each metric with
+    its first step when they differ)."""
     lines = []
     for kind in CHANGE_KINDS:
         same = [f for f in changes if f.kind == kind]
@@ -129,7 +130,7 @@ def folded_lines(changes: Sequence[Finding], width: int = WIDTH) -> list[str]:
         parts = []
         for f in same:
             change = f"{labels.metric(f.metric or 'throughput')} {_effect(f)}"
-            parts.append(change if together else f"{change} ({line_steps(f)})")
+            parts.append(change if together else f"{change} from step {f.first_step}")
         head = " ".join(
             filter(None, ("job", labels.kind(kind), line_steps(same[0]) if together else ""))
         )
