@@ -81,34 +81,35 @@ class Column:
 
 
 def fit_columns(columns: Sequence[Column], width: int, *, gap: int = 2) -> list[Column]:
-    """The columns that fit in `width` characters, `gap` apart: an id column elided in its
-    middle to a third of the width (an id does not push the figures out), the droppable
-    columns dropped in their order until the rest fits, then the id column elided further
-    (to no fewer than MIN_ID_WIDTH characters)."""
+    """The columns that fit in `width` characters, `gap` apart: with an id column counted at
+    a third of the width at most (a long id does not push the figures out), the droppable
+    columns dropped in their order until the rest fits; then the id column takes what width
+    is left (whole if it fits), or is elided in its middle to fit (to no fewer than
+    MIN_ID_WIDTH characters)."""
     id_width = max(MIN_ID_WIDTH, width // 3)
-    kept = [_elided(c, id_width) if c.elide and c.width > id_width else c for c in columns]
+    widths = [min(c.width, id_width) if c.elide else c.width for c in columns]
+
+    def total(kept: Sequence[int]) -> int:
+        return sum(widths[i] for i in kept) + gap * (len(kept) - 1)
+
+    kept = list(range(len(columns)))
     droppable = sorted(
-        (c for c in kept if c.drop_order is not None), key=lambda c: c.drop_order or 0
+        (i for i, c in enumerate(columns) if c.drop_order is not None),
+        key=lambda i: columns[i].drop_order or 0,
     )
-
-    def total(cols: Sequence[Column]) -> int:
-        return sum(c.width for c in cols) + gap * (len(cols) - 1)
-
-    for column in droppable:
+    for i in droppable:
         if total(kept) <= width:
             break
-        kept.remove(column)
-    excess = total(kept) - width
-    if excess <= 0:
-        return kept
-    fitted = []
-    for column in kept:
-        if column.elide and excess > 0:
-            target = max(column.width - excess, MIN_ID_WIDTH, len(column.header))
-            excess -= column.width - target
-            column = _elided(column, target)
-        fitted.append(column)
-    return fitted
+        kept.remove(i)
+    slack = width - total(kept)
+    for i in kept:
+        column = columns[i]
+        if column.elide:
+            least = min(column.width, max(MIN_ID_WIDTH, len(column.header)))
+            target = max(min(widths[i] + slack, column.width), least)
+            slack -= target - widths[i]
+            widths[i] = target
+    return [_elided(columns[i], widths[i]) if columns[i].elide else columns[i] for i in kept]
 
 
 def _elided(column: Column, width: int) -> Column:

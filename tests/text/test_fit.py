@@ -46,9 +46,10 @@ def test_columns_are_dropped_in_their_order_then_the_id_elided() -> None:
 
     assert [c.header for c in wide] == ["job", "status", "ranks", "MFU"]
     assert wide[0].cells == ["pretrain-llama3-70b-20261201-210247"]
-    # the id elided to a third of the width (12 at least); the ranks go first, MFU stays
+    # the id counted at a third of the width: the ranks go first, MFU stays, and the id
+    # takes the width left
     assert [c.header for c in narrow] == ["job", "status", "MFU"]
-    assert narrow[0].cells == ["pretr…210247"]
+    assert narrow[0].cells == ["pretrain…1-210247"]
     assert sum(c.width for c in narrow) + 2 * (len(narrow) - 1) <= 34
     assert [c.header for c in tight] == ["job", "status"]
     assert tight[0].cells == ["pretr…210247"]
