@@ -16,6 +16,7 @@ from rich.text import Text
 from stepscope.analysis.regression import CheckResult, MetricVerdict
 from stepscope.schema import GOODPUT_METRICS
 from stepscope.text import numbers
+from stepscope.text.fit import MIN_ID_WIDTH, elide_middle
 
 TITLE = "stepscope check"
 _LABELS = {"pass": "pass", "regression": "REGRESSION", "inconclusive": "inconclusive"}
@@ -105,30 +106,34 @@ def explanation(result: CheckResult) -> list[str]:
     return lines
 
 
-def terminal(result: CheckResult, context: Context) -> RenderableType:
-    """The verdict as a compact table for an 80-column terminal, with the explanation."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
-    for name, justify in (
-        ("metric", "left"),
-        ("baseline", "right"),
-        ("candidate", "right"),
-        ("change", "right"),
-        ("limit", "right"),
-        ("verdict", "left"),
-    ):
-        if name == "metric":  # a long goodput share's name folds, the numbers stay whole
-            table.add_column(name, no_wrap=False, overflow="fold", max_width=16)
-        else:
-            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for v in result.metrics:
-        table.add_row(
+def terminal(result: CheckResult, context: Context, width: int = 80) -> RenderableType:
+    """The verdict as a compact table that fits `width` columns, with the explanation: no
+    cell wraps; a metric name too long for its column is elided in its middle, and a weak
+    verdict says so in the title alone when every metric is weak."""
+    said_weak = result.weak and all(v.weak for v in result.metrics)
+    rows = [
+        [
             v.metric,
             _value(v.metric, v.baseline),
             _value(v.metric, v.candidate),
             _change(v),
             _limit(v),
-            Text(verdict_label(v), style=_STYLES[v.outcome]),
-        )
+            _LABELS[v.outcome] if said_weak and not v.improved else verdict_label(v),
+        ]
+        for v in result.metrics
+    ]
+    headers = ("metric", "baseline", "candidate", "change", "limit", "verdict")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    room = width - sum(widths[1:]) - 2 * (len(headers) - 1)
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, expand=False
+    )
+    for name in headers:
+        justify = "left" if name in ("metric", "verdict") else "right"
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for v, row in zip(result.metrics, rows, strict=True):
+        metric = elide_middle(row[0], max(room, MIN_ID_WIDTH))
+        table.add_row(metric, *row[1:5], Text(row[5], style=_STYLES[v.outcome]))
     title = Text(f"{TITLE}: ", style="bold")
     title.append(headline(result, context), style=_STYLES[result.outcome])
     why = [Text(line) for line in explanation(result)]

@@ -20,6 +20,10 @@ from stepscope.cli.options import (
     fail,
     stderr,
 )
+from stepscope.text.fit import elide_middle
+
+_NAME = 42
+"""Width of an operator's name in the comparison (the line is 80 columns)."""
 
 if TYPE_CHECKING:
     from stepscope.api.capture_read import CaptureRequestRead
@@ -108,9 +112,10 @@ def _print_request(request: CaptureRequestRead) -> None:
         error = f": {c.error}" if c.error else ""
         typer.echo(f"  #{c.id} rank {c.rank} {c.role}: {c.status}{steps}{size}{error}")
     if request.comparison:
-        typer.echo(f"  {'operator':<48} {'culprit s':>10} {'reference s':>12} {'diff s':>10}")
+        # 80 columns: an operator's name elided in its middle (its namespace and its end)
+        typer.echo(f"  {'operator':<{_NAME}} {'culprit s':>10} {'reference s':>12} {'diff s':>10}")
         for d in request.comparison[:10]:
             typer.echo(
-                f"  {d.name[:48]:<48} {d.culprit_s:>10.4f} {d.reference_s:>12.4f} "
-                f"{d.difference_s:>+10.4f}"
+                f"  {elide_middle(d.name, _NAME):<{_NAME}} {d.culprit_s:>10.4f} "
+                f"{d.reference_s:>12.4f} {d.difference_s:>+10.4f}"
             )

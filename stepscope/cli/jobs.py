@@ -158,6 +158,8 @@ def show(
 ) -> None:
     """A job's summary and its findings."""
     from stepscope.cli.output import goodput_headline, print_summary
+    from stepscope.text.findings import WIDTH
+    from stepscope.text.fit import clip
 
     checked_output(output)
     summary, found, goodput = reading(
@@ -184,11 +186,12 @@ def show(
             e = hang.evidence
             stack = e.get("culprit_stack") or []
             where = f" in {stack[-1]['function']}" if stack else ""
-            typer.echo(
+            line = (
                 f"HANG for {hang.observed or 0:.0f} s: ranks "
                 f"{','.join(map(str, hang.ranks[:8]))} {e['class']} ({e['group']} {e['op']} "
                 f"#{e['seq']}){where}"
             )
+            typer.echo(clip(line, WIDTH))
 
 
 def _goodput_or_none(store: JobStore, job_id: str) -> GoodputRead | None:

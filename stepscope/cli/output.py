@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import typer
 from rich import box
@@ -14,55 +14,107 @@ from stepscope.api.fleet_read import NodesPage
 from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead
 from stepscope.api.schemas import FindingRead, JobsPage, JobSummaryRead
 from stepscope.schema import FINDINGS, Finding
-from stepscope.text.findings import finding_line, mesh_sentence
+from stepscope.text.finding_groups import folded_lines, grouped
+from stepscope.text.findings import WIDTH, finding_line, mesh_sentence
+from stepscope.text.fit import (
+    MIN_ID_WIDTH,
+    Column,
+    clip,
+    elide_middle,
+    first_fitting,
+    fit_columns,
+    pack,
+)
 from stepscope.text.goodput import responsible_text, top_badput
 from stepscope.text.labels import goodput_category
 from stepscope.text.numbers import integer, known, rate, seconds, share, signed_share, when
 
 
-def print_finding_lines(findings: Iterable[Finding | FindingRead]) -> None:
-    """One line per finding (and, indented, where in the mesh it is: the group a
-    straggler's peers waited in, a slow collective's group), or 'no findings'."""
+def print_finding_lines(findings: Iterable[Finding | FindingRead], width: int = WIDTH) -> None:
+    """One line per finding, the most pressing first (text.finding_groups); under it,
+    indented, the job-level changes it explains on one line, and where in the mesh it is
+    (the group a straggler's peers waited in, a slow collective's group); or 'no findings'."""
     lines = []
-    for f in findings:
-        finding = _as_finding(f) if isinstance(f, FindingRead) else f
-        lines.append(f.text if isinstance(f, FindingRead) else finding_line(f))
+    for group in grouped(list(findings), _as_finding):
+        finding = _as_finding(group.root)
+        root = group.root
+        lines.append(root.text if isinstance(root, FindingRead) else finding_line(root, width))
+        lines += folded_lines([_as_finding(f) for f in group.folded], width)
         where = mesh_sentence(finding)
         if where:
-            lines.append(
-                textwrap.fill(where, width=80, initial_indent="  ", subsequent_indent="  ")
+            lines += textwrap.wrap(
+                where,
+                width=width,
+                initial_indent="  ",
+                subsequent_indent="  ",
+                break_long_words=False,
+                break_on_hyphens=False,
             )
     typer.echo("\n".join(lines) if lines else "no findings")
 
 
-def _as_finding(f: FindingRead) -> Finding:
+def _as_finding(f: Finding | FindingRead) -> Finding:
+    if isinstance(f, Finding):
+        return f
     return Finding(**{name: getattr(f, name) for name in FINDINGS.names})
 
 
+def _findings_cell(critical: int | None, warning: int | None, info: int | None) -> str:
+    """A job's findings by severity, spelled out: "3 crit 1 warn", "none"; "" when the job
+    is not analysed yet."""
+    if critical is None or warning is None or info is None:
+        return ""
+    counts = ((critical, "crit"), (warning, "warn"), (info, "info"))
+    return " ".join(f"{n} {name}" for n, name in counts if n) or "none"
+
+
+def print_table(columns: Sequence[Column], width: int) -> None:
+    """Columns as a table of at most `width` characters: lower-value columns dropped, ids
+    elided in the middle, no cell wrapped."""
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+    )
+    fitted = fit_columns(columns, width, gap=2)
+    for column in fitted:
+        table.add_column(column.header, no_wrap=True, overflow="ellipsis")
+    for row in zip(*(c.cells for c in fitted), strict=True):
+        table.add_row(*row)
+    console = Console(width=width, highlight=False)
+    with console.capture() as captured:
+        console.print(table)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
 def print_jobs(page: JobsPage) -> None:
-    """The jobs as a table, and how to get the next page."""
+    """The jobs as a table that fits the terminal, and how to get the next page."""
     if not page.jobs:
         typer.echo("no jobs")
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-    table.add_column("job", overflow="fold")
-    for header in ("status", "ranks", "step p50", "tokens/s", "MFU", "c/w/i", "started UTC"):
-        table.add_column(header, no_wrap=True)
-    for j in page.jobs:
-        counts = (j.num_critical, j.num_warning, j.num_info)
-        table.add_row(
-            j.job_id,
-            j.status,
-            integer(j.world_size),
-            seconds(j.step_p50_s),
-            rate(j.tokens_per_s),
-            share(j.mfu),
-            "/".join(integer(c) for c in counts) if j.num_info is not None else "",
-            when(j.started_at, short=True),
-        )
-    Console().print(table)
+    jobs = page.jobs
+    columns = [
+        Column("job", [j.job_id for j in jobs], elide=True),
+        Column("status", [j.status for j in jobs]),
+        Column("ranks", [integer(j.world_size) for j in jobs], drop_order=0),
+        Column("step p50", [seconds(j.step_p50_s) for j in jobs], drop_order=2),
+        Column("tokens/s", [rate(j.tokens_per_s) for j in jobs], drop_order=1),
+        Column("MFU", [share(j.mfu) for j in jobs], drop_order=3),
+        Column(
+            "findings",
+            [_findings_cell(j.num_critical, j.num_warning, j.num_info) for j in jobs],
+        ),
+        Column("started UTC", [when(j.started_at, short=True) for j in jobs], drop_order=4),
+    ]
+    print_table(columns, terminal_width())
     if page.next_cursor:
         typer.echo(f"more: --cursor {page.next_cursor}")
+
+
+def terminal_width() -> int:
+    """The terminal's width: COLUMNS when set, 80 when not a terminal."""
+    return Console().width
 
 
 def print_nodes(page: NodesPage) -> None:
@@ -75,58 +127,83 @@ def print_nodes(page: NodesPage) -> None:
     if not page.nodes:
         typer.echo("no nodes")
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-    table.add_column("node", overflow="fold")
-    for header in ("effect", "confidence", "jobs", "since UTC", "suspect"):
-        table.add_column(header, no_wrap=True)
-    for n in page.nodes:
-        table.add_row(
-            n.node,
-            signed_share(n.effect),
-            share(n.confidence, 0),
-            f"{n.num_jobs}/{n.num_jobs_total}",
-            when(n.since, short=True) if n.since else "",
-            "SUSPECT" if n.suspect else "",
-        )
-    Console().print(table)
+    nodes = page.nodes
+    columns = [
+        Column("node", [n.node for n in nodes], elide=True),
+        Column("effect", [signed_share(n.effect) for n in nodes]),
+        Column("confidence", [share(n.confidence, 0) for n in nodes], drop_order=1),
+        Column("jobs", [f"{n.num_jobs}/{n.num_jobs_total}" for n in nodes], drop_order=0),
+        Column(
+            "since UTC", [when(n.since, short=True) if n.since else "" for n in nodes], drop_order=2
+        ),
+        Column("suspect", ["SUSPECT" if n.suspect else "" for n in nodes]),
+    ]
+    print_table(columns, terminal_width())
 
 
 def print_summary(s: JobSummaryRead, findings: list[FindingRead]) -> None:
-    """A job's summary in a few lines, then its findings, one a line."""
-    named = f" ({s.name})" if s.name and s.name != s.job_id else ""
-    lines = [f"job {s.job_id}{named}: {s.status}"]
+    """A job's summary in a few lines of at most 80 characters, then its findings."""
+    lines = [_job_line(s.job_id, s.name, s.status)]
     if s.benchmark_key:
-        lines.append(f"benchmark key  {s.benchmark_key}")
+        lines.append(f"{'benchmark key':<{_LABEL}}{elide_middle(s.benchmark_key, WIDTH - _LABEL)}")
     size = f"{integer(s.world_size or s.num_ranks_seen)} ranks on {integer(s.num_nodes)} node(s)"
-    device = f", {s.device_name}" if s.device_name else ""
-    peak = f", peak {s.peak_flops / 1e12:,.0f} TFLOP/s" if s.peak_flops else ", peak unknown"
-    lines.append(f"size           {size}{device}{peak}")
+    peak = f"peak {s.peak_flops / 1e12:,.0f} TFLOP/s" if s.peak_flops else "peak unknown"
+    lines += _field("size", *(f"{c}," for c in (size, s.device_name) if c), peak)
     if s.first_step is not None:
-        lines.append(
-            f"steps          {s.first_step}-{s.last_step} ({integer(s.num_steps)} rolled up)"
+        lines += _field(
+            "steps", f"{s.first_step}-{s.last_step}", f"({integer(s.num_steps)} rolled up)"
         )
-    lines.append(f"started        {when(s.started_at)}, last seen {when(s.last_seen)}")
+    lines += _field("started", f"{when(s.started_at)},", f"last seen {when(s.last_seen)}")
     if s.analysed_at is None:
         lines.append("not analysed yet: run `stepscope analyze JOB` or wait for the server")
     else:
-        lines.append(
-            f"step time      p50 {seconds(s.step_p50_s)}, p90 {seconds(s.step_p90_s)}; "
-            f"{rate(s.tokens_per_s)} tokens/s, {rate(s.samples_per_s)} samples/s"
+        lines += _field(
+            "step time",
+            f"p50 {seconds(s.step_p50_s)},",
+            f"p90 {seconds(s.step_p90_s)};",
+            f"{rate(s.tokens_per_s)} tokens/s,",
+            f"{rate(s.samples_per_s)} samples/s",
         )
         mfu = share(s.mfu) if known(s.mfu) else "unknown"
-        lines.append(
-            f"MFU            {mfu}; of the step: compute "
-            f"{share(s.compute_share)}, comm wait {share(s.comm_wait_share)}, "
-            f"data {share(s.data_share)}"
+        lines += _field(
+            "MFU",
+            f"{mfu}; of the step:",
+            f"compute {share(s.compute_share)},",
+            f"comm wait {share(s.comm_wait_share)},",
+            f"data {share(s.data_share)}",
         )
-        lines.append(
-            f"findings       {integer(s.num_critical)} critical, {integer(s.num_warning)} warning, "
-            f"{integer(s.num_info)} info"
+        lines += _field(
+            "findings",
+            f"{integer(s.num_critical)} critical,",
+            f"{integer(s.num_warning)} warning,",
+            f"{integer(s.num_info)} info",
         )
     typer.echo("\n".join(lines))
     if findings:
         typer.echo("")
         print_finding_lines(findings)
+
+
+_LABEL = 15
+"""Width of a summary line's label ("step time      ")."""
+
+
+def _field(label: str, *chunks: str) -> list[str]:
+    """A labelled summary line: its chunks (each with its punctuation) packed whole into
+    lines of at most 80 characters, continuation lines under the first value."""
+    return pack([f"{label:<{_LABEL}}{chunks[0]}", *chunks[1:]], WIDTH, sep=" ", indent=" " * _LABEL)
+
+
+def _job_line(job_id: str, name: str | None, status: str) -> str:
+    """ "job ID (NAME): STATUS" in 80 characters: the name elided first, then the id, each in
+    its middle."""
+    tail = f": {status}"
+    job_id = elide_middle(job_id, WIDTH - len("job ") - len(tail))
+    line = f"job {job_id}{tail}"
+    room = WIDTH - len(line) - len(" ()")
+    if name and name != job_id and room >= MIN_ID_WIDTH:
+        line = f"job {job_id} ({elide_middle(name, room)}){tail}"
+    return line
 
 
 def print_findings(findings: list[Finding], output: str) -> None:
@@ -154,9 +231,7 @@ def goodput_headline(g: GoodputRead) -> list[str]:
     gpu_s = {c: v.gpu_s for c, v in g.categories.items()}
     badput = top_badput(gpu_s, g.total_gpu_s, g.responsible)
     if badput:
-        causes = ", ".join(badput)
-        line = f"top badput     {causes}"
-        lines.append(line if len(line) <= 80 else line[:79] + "…")
+        lines.append(f"{'top badput':<{_LABEL}}{first_fitting(badput, WIDTH - _LABEL)}")
     return lines
 
 
@@ -167,15 +242,18 @@ def print_goodput(g: GoodputRead) -> None:
         if abs(value.share) < 5e-4 and category != "productive":
             continue  # nothing there (unaccounted can be a rounding residue)
         who = responsible_text(g.responsible.get(category, []))
-        typer.echo(
+        line = (
             f"  {goodput_category(category):<16} {value.gpu_s / 3600:>10,.3f} GPU-h "
-            f"{share(value.share):>7}{who}"[:80]
+            f"{share(value.share):>7}{who}"
         )
-    layers = ", ".join(
+        typer.echo(clip(line, WIDTH))
+    layers = [
         f"{name} {share(value) if value is not None else 'unknown'}"
         for name, value in g.layers.items()
-    )
-    typer.echo(textwrap.fill(f"layers: {layers}", width=80))
+    ]
+    if layers:
+        layers[0] = f"layers: {layers[0]}"
+    typer.echo("\n".join(pack(layers, WIDTH, indent="  ")))
     for inc in g.incarnations:
         steps = (
             f"steps {inc.first_step}-{inc.last_step}" if inc.first_step is not None else "no step"
@@ -185,7 +263,7 @@ def print_goodput(g: GoodputRead) -> None:
         if inc.failure is not None:
             failure = f"; rank {inc.failure['rank']}: {inc.failure['message']}"
         line = f"incarnation {inc.index}: {steps}{lost}{failure}"
-        typer.echo(line if len(line) <= 80 else line[:79] + "…")
+        typer.echo(clip(line, WIDTH))
 
 
 def print_fleet_goodput(g: FleetGoodputRead) -> None:
@@ -206,4 +284,4 @@ def print_fleet_goodput(g: FleetGoodputRead) -> None:
         line = f"{job.job_id}: {share(job.goodput)} of {job.gpu_hours:,.3f} GPU-h" + (
             f"; most lost: {lost[0]}" if lost else ""
         )
-        typer.echo(line if len(line) <= 80 else line[:79] + "…")
+        typer.echo(clip(line, WIDTH))

@@ -91,7 +91,7 @@ def finding_line(finding: Finding, width: int = WIDTH) -> str:
     """The finding as one line of at most `width` characters: the longest wording that fits
     (with what it costs in GPUs, then without; fields two spaces apart, then one; the group
     a straggler's peers waited in, then a rank's node, are dropped last)."""
-    what = " ".join(filter(None, (_line_what(finding), _line_steps(finding))))
+    what = " ".join(filter(None, (_line_what(finding), line_steps(finding))))
     cost, gpus = job_cost(finding), _gpus(finding)
     wordings = [[""]]
     if cost is not None:
@@ -143,7 +143,7 @@ def _line_what(f: Finding) -> str:
     return labels.kind(f.kind)
 
 
-def _line_steps(f: Finding) -> str:
+def line_steps(f: Finding) -> str:
     """When, briefly: "since step 200", "at step 200", "steps 200-399"."""
     if f.first_step is None:
         return ""

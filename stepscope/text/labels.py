@@ -77,6 +77,14 @@ MESH_DIMS: dict[str, Label] = {
     "ep": Label("ep", "expert-parallel rank"),
 }
 """The usual DeviceMesh dimension names (torchtitan's); a coordinate is "stage 1", "tp 0"."""
+METRICS: dict[str, Label] = {
+    "tokens_per_s": Label("tokens/s", "tokens per second"),
+    "samples_per_s": Label("samples/s", "samples per second"),
+    "steps_per_s": Label("steps/s", "steps per second"),
+    "mfu": Label("MFU", "model FLOPs utilisation"),
+    "step_s": Label("step time", "step time"),
+}
+"""The job-level metrics a throughput change is measured in."""
 THROTTLE_REASONS = {
     0x1: "GPU idle",
     0x2: "applications clocks setting",
@@ -146,6 +154,14 @@ def hang_class(name: str, *, long: bool = False) -> str:
 def goodput_category(name: str, *, long: bool = False) -> str:
     """A goodput category's label; an unknown name in words."""
     label = GOODPUT_CATEGORIES.get(cast(GoodputCategory, name))
+    if label is None:
+        return name.replace("_", " ")
+    return label.long if long else label.short
+
+
+def metric(name: str, *, long: bool = False) -> str:
+    """A job-level metric's label: "tokens/s", "MFU"; an unknown name in words."""
+    label = METRICS.get(name)
     if label is None:
         return name.replace("_", " ")
     return label.long if long else label.short

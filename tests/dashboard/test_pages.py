@@ -88,6 +88,8 @@ def test_jobs_page_lists_jobs_and_a_row_opens_the_job(
         cell = t.page.locator(".ag-row [col-id=name]", has_text="llm").first
         cell.wait_for(timeout=20_000)
         assert cell.inner_text().startswith("<script>")  # the name is text, not markup
+        job_id = t.page.locator(".ag-row [col-id=job_id]", has_text=MAIN).first
+        assert job_id.inner_text() == MAIN  # the id beside the name
         t.screenshot(artifacts, "jobs")
         cell.click()
         t.page.wait_for_url(re.compile(f"/jobs/{MAIN}$"), timeout=20_000)

@@ -20,6 +20,8 @@ SEVERITIES = ("critical", "warning", "info")
 _COLUMNS: list[dict[str, Any]] = [
     {"field": "name", "colId": "name", "headerName": "name", "flex": 2, "minWidth": 180,
      "filter": "agTextColumnFilter", "filterParams": {"filterOptions": ["contains"]}},
+    {"field": "job_id", "colId": "job_id", "headerName": "job id", "sortable": False,
+     "width": 200, "tooltipField": "job_id"},
     {"field": "status", "colId": "status", "sortable": False, "width": 110},
     {"field": "world_size", "colId": "world_size", "headerName": "world size", "width": 120},
     {"field": "num_nodes", "colId": "num_nodes", "headerName": "nodes", "width": 100},
