@@ -97,19 +97,23 @@ class Progress:
     rank: int | None = None
 
 
+_SAID = re.compile(
+    re.escape(PROGRESS_PREFIX)
+    + r" (?:(?P<step>step)|(?P<checkpoint>checkpoint saved at step)|(?P<restart>restart \d+: "
+    r"resumed from the checkpoint of step)|(?P<done>done)) ?(?P<number>\d+)?"
+)
+
+
 def parse_line(line: str) -> Progress | None:
-    """What a line of torchrun's output says about the job's progress, if anything."""
-    if line.startswith(PROGRESS_PREFIX):
-        words = line[len(PROGRESS_PREFIX) :].split()
-        if words[:1] == ["step"]:
-            return Progress(kind="step", step=int(words[1]))
-        if words[:2] == ["checkpoint", "saved"]:
-            return Progress(kind="checkpoint", step=int(words[-1]))
-        if words[:1] == ["restart"]:
-            return Progress(kind="restart", step=int(words[-1]))
-        if words[:1] == ["done"]:
-            return Progress(kind="done")
-        return None
+    """What a line of torchrun's output says about the job's progress, if anything (the ranks
+    share the pipe: a line may carry another process's output around it)."""
+    said = _SAID.search(line)
+    if said is not None:
+        kind = next(k for k in ("step", "checkpoint", "restart", "done") if said[k])
+        number = said["number"]
+        if kind != "done" and number is None:
+            return None
+        return Progress(kind=kind, step=int(number) if number else None)
     crash = _CRASH.search(line)
     if crash and "RuntimeError" in line:
         return Progress(kind="crash", rank=int(crash[1]), step=int(crash[2]))
