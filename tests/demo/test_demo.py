@@ -49,7 +49,8 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
 
     # What it printed: the two stragglers with their causes and nobody else; the restart.
     assert _straggler_lines(out) == {(PLAN.data_rank, "data"), (PLAN.backward_rank, "compute")}
-    assert f"rank {PLAN.data_rank} (" in out and "data +" in out and "ms/step" in out
+    [data_line] = [line for line in out.splitlines() if f"rank {PLAN.data_rank} (" in line]
+    assert re.search(r"data \+\d+ ms/step", data_line)  # seconds per step: peers wait ~0
     assert f"rank {PLAN.crash_rank} raised in step {PLAN.crash_step}" in out
     lost_first, lost_last = PLAN.resume_step, PLAN.crash_step - 1
     assert (
@@ -83,7 +84,8 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
         data = slow[(PLAN.data_rank,), "data"]
         first, last = PLAN.data_steps
         assert abs(data["first_step"] - first) <= 3
-        assert data["last_step"] is not None and abs(data["last_step"] - last) <= 3
+        assert data["last_step"] is not None
+        assert abs(data["last_step"] - last) <= 3
         assert data["evidence"]["rank_median_s"] == pytest.approx(PLAN.data_s, rel=0.3)
         backward = slow[(PLAN.backward_rank,), "compute"]
         assert abs(backward["first_step"] - PLAN.backward_from_step) <= 3
