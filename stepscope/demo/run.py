@@ -19,7 +19,9 @@ from stepscope.pipeline.job_pass import analyze_stored_job
 from stepscope.query.goodput import job_goodput
 from stepscope.schema import Finding
 from stepscope.store import jobs
-from stepscope.text.findings import finding_line
+from stepscope.store.findings import load_findings
+from stepscope.text import labels
+from stepscope.text.findings import finding_line, subject
 from stepscope.text.goodput import top_badput
 from stepscope.text.numbers import seconds, share
 
@@ -76,9 +78,13 @@ def _run_real_job(server: DemoServer, plan: TrainPlan, job_id: str, console: Con
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("starting 4 ranks", total=plan.num_steps)
 
+        so_far = _SoFar(engine, job_id)
+
         def on_progress(said: JobProgress) -> None:
             if said.kind == "step" and said.step is not None:
-                bar.update(task, completed=said.step + 1, description=f"step {said.step}")
+                bar.update(
+                    task, completed=said.step + 1, description=f"step {said.step}{so_far.text()}"
+                )
             elif said.kind == "checkpoint":
                 bar.console.print(f"  checkpoint saved before step {said.step}")
             elif said.kind == "crash":
@@ -99,6 +105,32 @@ def _run_real_job(server: DemoServer, plan: TrainPlan, job_id: str, console: Con
     if status != "finished":
         console.print(f"[yellow]the job's final status did not arrive ({status}); see {log_path}")
     _print_found(engine, job_id, found, console)
+
+
+class _SoFar:
+    """What the background analysis has found in the live job so far, in a few words, read at
+    most every SO_FAR_EVERY_S: provisional (the final analysis may withdraw or change it), so
+    it is shown beside the progress bar only, never printed as a result."""
+
+    SO_FAR_EVERY_S = 2.0
+
+    def __init__(self, engine: sa.Engine, job_id: str) -> None:
+        self._engine = engine
+        self._job_id = job_id
+        self._read_at = 0.0
+        self._text = ""
+
+    def text(self) -> str:
+        now = time.monotonic()
+        if now - self._read_at >= self.SO_FAR_EVERY_S:
+            self._read_at = now
+            found = [
+                f"{subject(f)} {f.cause or labels.kind(f.kind)}"
+                for f in load_findings(self._engine, self._job_id)
+                if f.severity in ("warning", "critical")
+            ]
+            self._text = f"; so far (provisional): {', '.join(found)}" if found else ""
+        return self._text
 
 
 def _wait_for_end(engine: sa.Engine, job_id: str) -> str | None:
