@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import polars as pl
 import sqlalchemy as sa
 
 from stepscope.pipeline.job_pass import analyze_stored_job
 from stepscope.schema import Finding
+from stepscope.store import jobs
 from stepscope.synthetic.fleet import FleetSpec, fleet_levels, write_fleet
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate
 from stepscope.synthetic.stream import store_rounds
@@ -52,9 +54,19 @@ FLEET = FleetSpec(
 chronically slow."""
 
 
+FLEET_PREFIX = "demo-"
+"""The fleet's job ids are demo-fleet-00000, ...: loaded once per database."""
+
+
 def load_fleet(engine: sa.Engine) -> int:
-    """Store the fleet's jobs as analysed (their node levels), the last one ending now; how many."""
+    """Store the fleet's jobs as analysed (their node levels), the last one ending now, unless
+    an earlier demo stored them in this database; how many jobs were stored."""
+    if jobs.load_job(engine, f"{FLEET_PREFIX}fleet-00000") is not None:
+        return 0
     now = time.time()
     spec = replace(FLEET, start_ts=now - FLEET.num_jobs * FLEET.job_interval_s)
-    write_fleet(engine, fleet_levels(spec, with_gpus=True), now=now)
+    levels = fleet_levels(spec, with_gpus=True)
+    write_fleet(
+        engine, levels.with_columns((FLEET_PREFIX + pl.col("job_id")).alias("job_id")), now=now
+    )
     return spec.num_jobs

@@ -194,7 +194,9 @@ def _load_extras(server: DemoServer, job_id: str, console: Console) -> None:
         console.print(f"  {finding_line(finding, width=120)}", highlight=False)
     with console.status("loading a synthetic fleet"):
         num_jobs = extras.load_fleet(engine)
-    console.print(
-        f"loaded a synthetic fleet: {num_jobs} jobs on {extras.FLEET.num_nodes} nodes, "
-        f"{len(extras.FLEET.slow_nodes)} of them slow (stepscope nodes --suspect, /fleet)"
-    )
+    fleet = f"{extras.FLEET.num_jobs} jobs on {extras.FLEET.num_nodes} nodes"
+    slow = f"{len(extras.FLEET.slow_nodes)} of them slow (stepscope nodes --suspect, /fleet)"
+    if num_jobs:
+        console.print(f"loaded a synthetic fleet: {fleet}, {slow}")
+    else:
+        console.print(f"the synthetic fleet ({fleet}) is in this database already")

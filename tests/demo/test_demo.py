@@ -59,7 +59,9 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
     )
     assert re.search(r"goodput\s+\d+\.\d% of \d+ GPU-s", out)
     assert "1,024 ranks x 100 steps" in out
-    assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/jobs/demo-", out)
+    dashboard = re.search(r"Dashboard: http://127\.0\.0\.1:\d+/jobs/(demo-[\d-]+)\n", out)
+    assert dashboard is not None
+    job_id = dashboard[1]
 
     # What the server answers about the same database.
     with (
@@ -68,11 +70,11 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
     ):
         listed = client.get("/api/v1/jobs", params={"limit": 200}).json()["jobs"]
         by_id = {j["job_id"]: j for j in listed}
-        [job_id] = [j for j in by_id if j.startswith("demo-") and not j.endswith("-1024")]
         job = by_id[job_id]
         assert (job["status"], job["world_size"]) == ("finished", PLAN.num_ranks)
         assert by_id[f"{job_id}-synthetic-1024"]["world_size"] == 1024
-        assert sum(j.startswith("fleet-") for j in by_id) == 40
+        assert sum(j.startswith("demo-fleet-") for j in by_id) == 40
+        assert len(by_id) == 42  # and nothing else
 
         findings = client.get(f"/api/v1/jobs/{job_id}/findings").json()
         slow = {
