@@ -75,31 +75,10 @@ def fresh_postgres_database() -> Iterator[str]:
 
 
 def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> Iterator[int]:
-    """Store a synthetic job (stepscope.synthetic.generate.SynthJob) through the real validator and
-    writer, one round of batches (every rank's next `steps_per_batch` steps) at a time;
-    yields the round number after each round is committed."""
-    import orjson
+    """Store a synthetic job round by round (stepscope.synthetic.stream.store_rounds)."""
+    from stepscope.synthetic.stream import store_rounds
 
-    from stepscope.collector.validate import parse_batch
-    from stepscope.store.writer import BatchWriter
-    from stepscope.synthetic.stream import rank_batches
-
-    per_rank = [
-        list(rank_batches(job, r, steps_per_batch=steps_per_batch))
-        for r in range(job.spec.num_ranks)
-    ]
-    writer = BatchWriter(engine)
-    try:
-        for i in range(len(per_rank[0])):
-            for batches in per_rank:
-                doc = orjson.loads(orjson.dumps(batches[i], option=orjson.OPT_SERIALIZE_NUMPY))
-                batch = parse_batch(doc)
-                writer.write(
-                    job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections
-                )
-            yield i
-    finally:
-        writer.close()
+    return store_rounds(engine, job, steps_per_batch=steps_per_batch)
 
 
 @dataclass(slots=True)

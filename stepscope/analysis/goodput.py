@@ -118,7 +118,13 @@ def goodput(
     phase_inc = np.maximum(np.searchsorted(starts, phase_ts, side="right") - 1, 0)
     exceptions = life.exceptions.sort("ts")
     exc_ts = exceptions["ts"].to_numpy().astype(np.float64)
-    exc_inc = np.maximum(np.searchsorted(starts, exc_ts, side="right") - 1, 0)
+    # An exception belongs to its process's incarnation; by its time when it does not say
+    # (process start times are only as precise as the kernel's boot time, a second).
+    exc_inc = np.where(
+        exceptions["index"].is_not_null().to_numpy(),
+        exceptions["index"].fill_null(0).to_numpy(),
+        np.maximum(np.searchsorted(starts, exc_ts, side="right") - 1, 0),
+    )
 
     for k in range(starts.size):
         cats: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
@@ -263,7 +269,7 @@ def goodput(
         failure = None
         k_exc = exceptions.filter(pl.Series(exc_inc == k))
         if k_exc.height:
-            failure = k_exc.row(0, named=True)
+            failure = k_exc.drop("index").row(0, named=True)
         incarnations.append(
             Incarnation(
                 index=k,

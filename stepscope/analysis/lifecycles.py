@@ -31,7 +31,8 @@ class Lifecycles:
     phases: pl.DataFrame
     """rank, ts, name, duration_s, category."""
     exceptions: pl.DataFrame
-    """rank, ts, message, step (the step it interrupted, when the profiler knew it)."""
+    """rank, ts, message, step (the step it interrupted, when the profiler knew it), index (of
+    the rank's process it ended, when the event names its incarnation; else null)."""
 
 
 _ATTRIBUTES = pl.Struct(
@@ -148,7 +149,13 @@ def lifecycles(events: pl.DataFrame) -> Lifecycles:
         .str.json_path_match("$.step")
         .cast(pl.Int64, strict=False)
         .alias("step"),
+        pl.col("attributes").str.json_path_match("$.incarnation").alias("incarnation"),
     )
+    exceptions = exceptions.join(
+        processes.select("rank", "incarnation", "index"),
+        on=["rank", "incarnation"],
+        how="left",
+    ).drop("incarnation")
     return Lifecycles(processes=processes, phases=phases, exceptions=exceptions)
 
 

@@ -1,4 +1,5 @@
-"""`stepscope serve` (collector, API and dashboard as one server) and `stepscope demo`."""
+"""`stepscope serve` (collector, API and dashboard as one server) and `stepscope demo`
+(stepscope.demo)."""
 
 from __future__ import annotations
 
@@ -71,20 +72,22 @@ def serve(
 def demo(
     port: Annotated[int, typer.Option(help="Port to serve on")] = 8000,
     db: DbOption = None,
-    ranks: Annotated[int, typer.Option("--ranks")] = 16,
-    steps: Annotated[int, typer.Option("--steps")] = 600,
-    exit_after: Annotated[bool, typer.Option("--exit", help="Stop after the analysis")] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Exit after loading and analysing, instead of serving")
+    ] = False,
 ) -> None:
-    """Serve on SQLite, stream a synthetic job with a straggler into it, and analyse it."""
-    from stepscope.cli.output import print_findings
-    from stepscope.synthetic.demo import run_demo
+    """Serve on SQLite, train a real 4-rank FSDP2 job on CPU with trouble injected, say what
+    stepscope found, load a 1,024-rank synthetic job and a fleet, and keep serving."""
+    import importlib.util
 
-    run_demo(
-        database_url=database_url(db),
-        port=port,
-        num_ranks=ranks,
-        num_steps=steps,
-        keep_serving=not exit_after,
-        print_findings=lambda f: print_findings(f, "text"),
-        say=Console().print,
-    )
+    if importlib.util.find_spec("torch") is None:
+        raise fail(
+            "stepscope demo trains a real job and needs PyTorch: "
+            "pip install 'stepscope[torch,server]' (or run `make demo` in a clone)"
+        )
+    from stepscope.demo.run import DemoError, run_demo
+
+    try:
+        run_demo(database_url=database_url(db), port=port, once=once, console=Console())
+    except (DemoError, RuntimeError, TimeoutError) as exc:
+        raise fail(str(exc), code=1) from None

@@ -487,7 +487,13 @@ class ActiveProfiler(Profiler):
     ) -> Literal[False]:
         if exc is not None:
             failed_step = self._failed_step if self._failed_step is not None else self._next_index
-            self.event("exception", f"{type(exc).__name__}: {exc}", step=failed_step)
+            # The incarnation places the exception in its process, whatever the clocks say.
+            self.event(
+                "exception",
+                f"{type(exc).__name__}: {exc}",
+                step=failed_step,
+                incarnation=self.incarnation,
+            )
         self.close(failed=exc is not None)
         return False
 

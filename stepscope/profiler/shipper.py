@@ -300,13 +300,17 @@ class Shipper:
             self._job.update(self._final_job or {})
         self._final_job = None
         batch = self._next_batch()
-        for _ in range(2):
+        # Twice at least; then, while close()'s deadline allows, after a short pause: a
+        # collector busy writing other ranks' last batches (503) must not leave the job running.
+        for attempt in range(1, 1_000):
             try:
                 self._post(batch.encoded())
                 return
             except _SendError as exc:
-                if not exc.retryable:
+                left_s = self._deadline - time.monotonic()
+                if not exc.retryable or (attempt >= 2 and left_s <= 0):
                     break
+                time.sleep(max(0.0, min(0.1 * attempt, left_s)))
         log.info("stepscope: the job's final status was not acknowledged")
 
     def _post(self, body: bytes) -> None:

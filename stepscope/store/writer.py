@@ -102,7 +102,10 @@ _INSERT_JOB_VALUES = (
 _JOB_JSON = sa.bindparam("attributes", type_=sa.JSON(none_as_null=True))
 _UPSERT_JOB = sa.text(
     _INSERT_JOB_VALUES
-    + "ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(excluded.status, jobs.status), "
+    # A batch without a status keeps the stored one: a peer's last records arriving after
+    # rank 0's "finished" must not make the job running again (a restart does, see
+    # _job_params).
+    + "ON CONFLICT (job_id) DO UPDATE SET status = COALESCE(:status, jobs.status), "
     + ", ".join(f"{c} = COALESCE(:{c}, jobs.{c})" for c in _MUTABLE_JOB_COLUMNS)
 ).bindparams(_JOB_JSON)
 _INSERT_RANK_VALUES = (
@@ -334,9 +337,12 @@ def _job_params(fresh: list[_Pending], now: float) -> list[dict[str, Any]]:
     by_job: dict[str, dict[str, Any]] = {}
     for pending in fresh:
         job, steps = pending.job, pending.sections.get("steps")
+        events = pending.sections.get("events")
+        started = events is not None and "start" in events["kind"]
         params = {
             "job_id": job["job_id"],
-            "status": job.get("status"),
+            # A process that starts (a restart after a failure) makes the job running again.
+            "status": job.get("status") or ("running" if started else None),
             "started_at": job.get("started_at") or (min(steps["ts"]) if steps else now),
             **{c: job.get(c) for c in _MUTABLE_JOB_COLUMNS},
         }

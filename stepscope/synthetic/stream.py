@@ -1,4 +1,5 @@
-"""Stream a synthetic job (synthetic.generate) to a collector through the real wire protocol."""
+"""Stream a synthetic job (synthetic.generate) to a collector through the real wire protocol,
+or store it through the collector's validator and writer without HTTP (store_rounds)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+import sqlalchemy as sa
 
 from stepscope import schema
+from stepscope.collector.validate import parse_batch
+from stepscope.store.writer import BatchWriter
 from stepscope.synthetic.generate import Columns, SynthJob
 
 _SECTIONS = {"steps": schema.STEPS, "collectives": schema.COLLECTIVES, "gpu": schema.GPU}
@@ -167,3 +171,24 @@ def stream_job(
     return asyncio.run(
         post_bodies(url, rounds, token=token, concurrency=concurrency, round_interval_s=interval_s)
     )
+
+
+def store_rounds(engine: sa.Engine, job: SynthJob, *, steps_per_batch: int = 25) -> Iterator[int]:
+    """Store a job through the real validator and writer, one round of batches (every rank's
+    next `steps_per_batch` steps) at a time; yields the round number after each is committed."""
+    per_rank = [
+        list(rank_batches(job, r, steps_per_batch=steps_per_batch))
+        for r in range(job.spec.num_ranks)
+    ]
+    writer = BatchWriter(engine)
+    try:
+        for i in range(len(per_rank[0])):
+            for batches in per_rank:
+                doc = orjson.loads(orjson.dumps(batches[i], option=orjson.OPT_SERIALIZE_NUMPY))
+                batch = parse_batch(doc)
+                writer.write(
+                    job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections
+                )
+            yield i
+    finally:
+        writer.close()

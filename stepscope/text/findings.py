@@ -159,8 +159,8 @@ def _line_detail(f: Finding, *, with_group: bool = True) -> str:
     if f.kind in _STRAGGLERS:
         rank, peers = e.get("rank_median_s"), e.get("peers_median_s")
         component = labels.component(str(e.get("component")), default=f.cause or "")
-        if known(rank) and known(peers) and peers > 0:
-            component = f"{component} {rank / peers - 1:+.0%}"
+        if known(rank) and known(peers):
+            component = f"{component} {_excess(rank, peers)}"
         group = _waited_in(f) if with_group else None
         return f"{component}, {group['group']} peers waited" if group else component
     if f.kind == "straggler_node":
@@ -180,6 +180,18 @@ def _line_detail(f: Finding, *, with_group: bool = True) -> str:
     if f.kind == "peak_unknown":
         return "no MFU: pass peak_flops"
     return ""
+
+
+RELATIVE_UP_TO = 10.0
+"""A straggler's excess over its peers is said relative up to this factor (+900%), in seconds
+per step above it: a data stall of 0.1 s against peers' 40 µs is "+100 ms/step", not +250000%."""
+
+
+def _excess(rank_s: float, peers_s: float) -> str:
+    """How much slower the rank is than its peers: "+32%", or "+100 ms/step" when they are ~0."""
+    if peers_s > 0 and rank_s <= RELATIVE_UP_TO * peers_s:
+        return f"{rank_s / peers_s - 1:+.0%}"
+    return f"+{numbers.seconds(rank_s - peers_s)}/step"
 
 
 def _hang_detail(f: Finding) -> str:

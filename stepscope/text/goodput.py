@@ -10,13 +10,17 @@ from stepscope.text.numbers import share
 
 
 def responsible_text(entries: Sequence[Mapping[str, Any]]) -> str:
-    """The node or ranks the first entry of a category's `responsible` names: " (rank 3)"."""
+    """Who a category's `responsible` names: " (node node-7)" for a node, else the ranks named
+    alone, " (rank 1, 2)" (a rank's host is where it ran, not the cause)."""
     if not entries:
         return ""
     first = entries[0]
-    if first.get("node"):
-        return f" (node {first['node']})"
     ranks = list(first.get("ranks") or [])
+    if first.get("node") and len(ranks) != 1:
+        return f" (node {first['node']})"
+    if len(ranks) == 1:
+        alone = (e.get("ranks") or [] for e in entries)
+        ranks = list(dict.fromkeys(r[0] for r in alone if len(r) == 1))
     return f" (rank {', '.join(map(str, ranks[:4]))})" if ranks else ""
 
 

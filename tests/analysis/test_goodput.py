@@ -136,6 +136,40 @@ def worked_example() -> Goodput:
     return goodput(steps, lifecycles(frame), world_size=4)
 
 
+def test_an_exception_belongs_to_the_incarnation_it_names_whatever_its_time() -> None:
+    # A peer of the crashed rank raises in its collective after the restarted processes'
+    # start as /proc gives it (boot time in whole seconds): it still ended the first run.
+    events = []
+    for r in range(2):
+        events += [
+            _event(r, 0.0, "start", incarnation=f"a{r}"),
+            _event(r, 1.0, "resume", incarnation=f"a{r}", step=0),
+            _event(r, 10.0, "start", incarnation=f"b{r}", restart_count=1),
+            _event(r, 11.0, "resume", incarnation=f"b{r}", step=5, resumed_from=5),
+            _event(r, 15.0, "exit", incarnation=f"b{r}"),
+        ]
+    events.append(_event(1, 9.5, "exception", "RuntimeError: injected", step=8, incarnation="a1"))
+    events.append(_event(0, 10.2, "exception", "RuntimeError: peer gone", step=8, incarnation="a0"))
+    steps = pl.DataFrame(
+        {
+            "step": list(range(8)),
+            "ts": [1.0 + i for i in range(8)],
+            "num_ranks": [2] * 8,
+            "step_s_sum": [2.0] * 8,
+            "step_s_max": [1.0] * 8,
+            "data_s_sum": [0.0] * 8,
+            "comm_wait_s_sum": [0.0] * 8,
+            "transfer_s_sum": [0.0] * 8,
+        }
+    )
+    frame = pl.DataFrame(
+        events, schema=["rank", "ts", "kind", "message", "attributes"], orient="row"
+    )
+    first, second = goodput(steps, lifecycles(frame), world_size=2).incarnations
+    assert first.failure == {"rank": 1, "ts": 9.5, "message": "RuntimeError: injected", "step": 8}
+    assert second.failure is None
+
+
 def test_the_worked_example_of_the_docs() -> None:
     result = worked_example()
     assert result.total_s == pytest.approx(310.0)

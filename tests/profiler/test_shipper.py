@@ -53,6 +53,18 @@ def test_server_errors_are_retried_with_the_same_seq_and_incarnation() -> None:
     assert shipper.stats.num_rows_sent["steps"] == 1
 
 
+def test_the_final_status_is_retried_until_the_close_deadline_when_the_collector_is_busy() -> None:
+    with http_sink() as sink:
+        shipper = build(sink.url)
+        shipper.add("steps", step_row(1))
+        time.sleep(0.3)  # the records' batch goes first, accepted
+        sink.statuses = [503] * 4
+        assert shipper.close(timeout_s=5, final_job={"status": "finished", "ended_at": 2e9})
+    final = [b for b in sink.received if b["job"].get("status") == "finished"]
+    assert [b["_status"] for b in final] == [503, 503, 503, 503, 200]
+    assert final[-1]["job"]["ended_at"] == 2e9
+
+
 def test_a_503_with_retry_after_is_retried_no_sooner_than_the_collector_asked() -> None:
     with http_sink() as sink:
         sink.statuses, sink.retry_after = [503, 503], "1"

@@ -52,3 +52,42 @@ def test_one_group_stores_each_batch_once_and_merges_job_fields(db_url: str) -> 
         (0, "host-0"),
         (1, "host-1"),
     ]
+
+
+def test_a_peers_last_batch_after_rank_0s_final_status_keeps_it_but_a_restart_reopens_it(
+    db_url: str,
+) -> None:
+    engine = make_engine(db_url)
+    writer = BatchWriter(engine)
+
+    def write(batch: _Pending) -> None:
+        writer.write(job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections)
+
+    def status() -> str:
+        (job,) = read_rows(db_url, "jobs", "j")
+        return str(job["status"])
+
+    try:
+        write(pending(0, 0))
+        assert status() == "running"
+        write(pending(0, 1, status="failed", step=1))
+        write(pending(1, 0, step=1))  # rank 1's last records, after rank 0 closed
+        assert status() == "failed"
+        restarted = pending(1, 0, step=2)
+        restarted.source = {**restarted.source, "incarnation": "i2"}
+        restarted.sections["events"] = {
+            "job_id": ["j"],
+            "rank": [1],
+            "ts": [101.0],
+            "kind": ["start"],
+            "message": ["process started (restart 1)"],
+            "attributes": ['{"incarnation": "i2", "restart_count": 1}'],
+        }
+        write(restarted)
+        assert status() == "running"
+        write(pending(0, 2, status="finished", step=3))
+        write(pending(1, 1, step=3))
+        assert status() == "finished"
+    finally:
+        writer.close()
+        engine.dispose()

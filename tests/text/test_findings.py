@@ -113,3 +113,16 @@ def test_a_slow_collective_names_its_group() -> None:
     assert mesh_sentence(f) == "The slow all_reduce is in the dp groups."
     assert mesh_sentence(named) == "The slow all_reduce is in group 3."
     assert "all_reduce calls in dp of at least 1 MiB over 40 steps." in evidence_lines(f)
+
+
+def test_a_data_stall_against_peers_that_wait_for_nothing_is_said_in_seconds_per_step() -> None:
+    stalled = straggler(
+        cause="data",
+        evidence={"component": "data_s", "rank_median_s": 0.1003, "peers_median_s": 0.00004},
+    )
+    assert "data +100 ms/step" in finding_line(stalled)
+    slower = straggler(
+        cause="data",
+        evidence={"component": "data_s", "rank_median_s": 0.3, "peers_median_s": 0.1},
+    )
+    assert "data +200%" in finding_line(slower)
