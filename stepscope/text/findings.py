@@ -401,8 +401,11 @@ def _waited_sentence(f: Finding, group: dict[str, Any], rank_s: Any, peers_s: An
     who = subject(f).split(" on ")[0]
     name = str((f.evidence or {}).get("component") or "")
     component = labels.component(name, long=True, default=f.cause or "its work")
-    if known(rank_s) and known(peers_s) and peers_s > 0:
+    if known(rank_s) and known(peers_s) and 0 < rank_s <= RELATIVE_UP_TO * peers_s:
         head = f"{who.capitalize()} is {rank_s / peers_s - 1:.0%} slower in {component}"
+    elif known(rank_s) and known(peers_s):
+        more = numbers.seconds(rank_s - peers_s)
+        head = f"{who.capitalize()} spends {more} more per step in {component}"
     else:
         head = f"{who.capitalize()} is slow"
     members = group.get("group_ranks")
