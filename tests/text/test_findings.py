@@ -121,6 +121,15 @@ def test_a_data_stall_against_peers_that_wait_for_nothing_is_said_in_seconds_per
         evidence={"component": "data_s", "rank_median_s": 0.1003, "peers_median_s": 0.00004},
     )
     assert "data +100 ms/step" in finding_line(stalled)
+    in_group = straggler(
+        cause="data",
+        node=None,
+        evidence=in_mesh(component="data_s", rank_median_s=0.1003, peers_median_s=0.00004),
+    )
+    assert mesh_sentence(in_group) == (
+        "Rank 5 (stage 1) spends 100 ms more per step in data loading; its tp peers "
+        "(ranks 4-5) waited for it, 12 ms per step."
+    )
     slower = straggler(
         cause="data",
         evidence={"component": "data_s", "rank_median_s": 0.3, "peers_median_s": 0.1},
