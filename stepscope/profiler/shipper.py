@@ -130,6 +130,8 @@ class Shipper:
         self._seq = 0
         self.stats = ShipperStats()
         self._dropped_reported = dict.fromkeys(KINDS, 0)
+        self._drop_lock = threading.Lock()
+        """Guards num_dropped: training threads and this one count drops at the same time."""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._deadline = float("inf")
@@ -147,7 +149,8 @@ class Shipper:
         """Buffer one record (a dict of wire columns, or an event dict); drop and count if full."""
         buffer = self._buffers[kind]
         if len(buffer) >= self._config.max_buffer_rows:
-            self.stats.num_dropped[kind] += 1
+            with self._drop_lock:
+                self.stats.num_dropped[kind] += 1
             return
         buffer.append(row)
 
@@ -182,6 +185,14 @@ class Shipper:
         if self._thread.is_alive():
             self._thread.join(timeout_s + 1.0)
         return not self._thread.is_alive() and not self._left_unsent
+
+    def num_held_rows(self) -> dict[str, int]:
+        """Records of each kind held in memory now: buffered, or in unacknowledged batches."""
+        held = {kind: len(buffer) for kind, buffer in self._buffers.items()}
+        for batch in list(self._pending):  # list() copies under the GIL: no mutation mid-loop
+            for kind, n in batch.counts.items():
+                held[kind] += n
+        return held
 
     @property
     def idle(self) -> bool:
@@ -221,9 +232,10 @@ class Shipper:
             self.stats.thread_cpu_s = time.thread_time()
             self._left_unsent = bool(self._pending) or any(self._buffers.values())
             self._spill_all_pending()
-            for kind, buffer in self._buffers.items():
-                self.stats.num_dropped[kind] += len(buffer)
-                buffer.clear()
+            with self._drop_lock:
+                for kind, buffer in self._buffers.items():
+                    self.stats.num_dropped[kind] += len(buffer)
+                    buffer.clear()
 
     def _build_batches(self) -> None:
         while any(self._buffers.values()) or self._job_changed:
@@ -354,14 +366,22 @@ class Shipper:
         self._retry_at = time.monotonic() + delay_s
 
     def _drop(self, batch: _Batch) -> None:
-        for kind, n in batch.counts.items():
-            self.stats.num_dropped[kind] += n
+        with self._drop_lock:
+            for kind, n in batch.counts.items():
+                self.stats.num_dropped[kind] += n
+        for event in batch.payload.get("events", ()):
+            # A drop report lost with this batch: its counts go out again with the next one.
+            if str(event.get("message", "")).startswith(DROP_REPORT_PREFIX):
+                for key, n in event["attributes"].items():
+                    self._dropped_reported[key.removeprefix("dropped_")] -= n
 
     def _report_drops(self) -> None:
-        new = {k: self.stats.num_dropped[k] - self._dropped_reported[k] for k in KINDS}
+        with self._drop_lock:
+            dropped = dict(self.stats.num_dropped)
+        new = {k: dropped[k] - self._dropped_reported[k] for k in KINDS}
         if not any(new.values()):
             return
-        self._dropped_reported = dict(self.stats.num_dropped)
+        self._dropped_reported = dropped
         total = sum(new.values())
         self._buffers["events"].append(
             {

@@ -101,6 +101,31 @@ def test_a_rejected_batch_is_not_resent_and_is_counted_then_reported() -> None:
     assert "dropped 1 records" in events[0]["message"]
 
 
+def wait_for_requests(sink: Any, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(sink.received) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sink.received) >= count
+
+
+def test_a_drop_report_lost_with_its_batch_is_reported_again() -> None:
+    with http_sink() as sink:
+        # step 1's batch is rejected; step 2's is taken, and the report of step 1 follows it,
+        # in a batch of its own that is rejected too; step 3's batch is taken.
+        sink.statuses = [422, 200, 422]
+        shipper = build(sink.url, flush_interval_s=60)
+        for step, num_requests in ((1, 1), (2, 3), (3, 4)):
+            shipper.add("steps", step_row(step))
+            shipper.flush_soon()
+            wait_for_requests(sink, num_requests)
+        assert shipper.close(timeout_s=5)
+    assert shipper.stats.num_dropped == {"steps": 1, "collectives": 0, "gpu": 0, "events": 1}
+    reports = [e["attributes"] for b in sink.accepted() for e in b.get("events", [])]
+    assert reports == [
+        {"dropped_steps": 1, "dropped_collectives": 0, "dropped_gpu": 0, "dropped_events": 1}
+    ]
+
+
 def test_full_buffer_drops_new_records_and_reports_them() -> None:
     with http_sink() as sink:
         shipper = build(sink.url, max_buffer_rows=5, flush_interval_s=60)
