@@ -209,9 +209,15 @@ def run_job(name: str, outage: str, buffers: dict[str, int], args: argparse.Name
             if outage != "none":
                 time.sleep(max(run.start_ts + args.outage_at_s - time.time(), 0.0))
                 run.down_ts = time.time()
-                server.pause() if outage == "hung" else server.kill()
+                if outage == "hung":
+                    server.pause()
+                else:
+                    server.kill()
                 time.sleep(args.outage_s)
-                server.resume() if outage == "hung" else server.start()
+                if outage == "hung":
+                    server.resume()
+                else:
+                    server.start()
                 run.up_ts = time.time()
             if job.wait(timeout=600) != 0:
                 raise SystemExit(f"{name}: the job exited with {job.returncode}")
