@@ -229,6 +229,10 @@ def run_job(name: str, outage: str, buffers: dict[str, int], args: argparse.Name
             run.stored["events"] = Counter(e["rank"] for e in own)
             with urllib.request.urlopen(f"{server.url}/api/v1/jobs/{job_id}", timeout=30) as r:
                 run.summary = json.loads(r.read())
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        times = {"start_ts": run.start_ts, "down_ts": run.down_ts, "up_ts": run.up_ts}
+        Path(args.keep, f"{name}.json").write_text(json.dumps({**times, "ranks": run.ranks}))
     print(f"  {name}: done", file=sys.stderr)
     return run
 
@@ -408,6 +412,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--runs", default="control,hung,refused,small", help="which of control,hung,refused,small"
     )
+    p.add_argument("--keep", default=None, help="directory for each run's raw per-rank data")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--job-id", help=argparse.SUPPRESS)
