@@ -8,12 +8,14 @@ away OUTAGE_S into the job, in one of two ways, and brings it back on the same d
     hung      SIGSTOP, then SIGCONT: connections are accepted and never answered (a hung node)
     refused   SIGKILL, then a new server on the same port: connections are refused
 
-Runs, one after the other: a control (no outage), hung, refused, and refused again with
-buffers far smaller than the outage. Each rank records its own step times, RSS, the rows it
-handed to the profiler and what its shipper holds, twice a second. Printed: step time during
-the outage vs the control's same window and vs the run's own time before it; RSS growth and
-rows held vs the configured bound; rows stored vs produced; with small buffers, stored +
-dropped = produced per rank and the summary's num_records_dropped = what is missing.
+Runs, one after the other: hung, refused, and refused again with buffers far smaller than
+the outage. Each runs beside a control job, started with it, whose own server stays up: both
+share whatever else the machine is doing. Each rank records its own step times (and the time
+spent inside stepscope's step()), RSS, the rows it handed to the profiler and what its shipper
+holds, twice a second. Printed: step time during the outage vs the control's same window and
+vs the run's own time before it; RSS growth and rows held vs the configured bound; rows stored
+vs produced; with small buffers, stored + dropped = produced per rank and kind, and the
+summary's num_records_dropped = what is missing.
 
     flock /tmp/stepscope-bench.lock python benchmarks/collector_outage.py
 """
@@ -31,6 +33,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,58 +186,96 @@ class Run:
         return b["max_buffer_rows"] + b["max_pending_batches"] * b["max_batch_rows"]
 
 
-def run_job(name: str, outage: str, buffers: dict[str, int], args: argparse.Namespace) -> Run:
-    """Start a server and the job; take the collector away as `outage` says; collect."""
-    from tests.live_server import ServerProcess, read_rows
+@dataclass(kw_only=True, slots=True)
+class Launched:
+    """A job running against its own server."""
 
+    run: Run
+    server: Any
+    """The tests' ServerProcess."""
+    job: subprocess.Popen[bytes]
+    out: Path
+    db_url: str
+    job_id: str
+
+
+def launch(
+    name: str, outage: str, buffers: dict[str, int], args: argparse.Namespace, stack: ExitStack
+) -> Launched:
+    """Start a server (SQLite in a temp dir) and a torchrun job streaming to it."""
+    from tests.live_server import ServerProcess
+
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="stepscope-outage-"))
+    db_url = f"sqlite:///{Path(tmp) / 'stepscope.db'}"
+    job_id = f"outage-{name}-{int(time.time())}"
+    out = Path(tmp, "out")
+    out.mkdir()
+    server = stack.enter_context(ServerProcess(db_url, log_path=Path(tmp, "server.log")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    env["OMP_NUM_THREADS"] = "1"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", f"--nproc_per_node={args.ranks}", __file__]
+    cmd += ["--worker", "--url", server.url, "--job-id", job_id, "--out", str(out)]
+    cmd += ["--steps", str(args.steps), "--device-s", str(args.device_s)]
+    cmd += ["--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
+    for key, value in buffers.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    stack.callback(lambda: job.poll() is None and job.kill())
     run = Run(name=name, outage=outage, buffers=buffers)
-    with tempfile.TemporaryDirectory(prefix="stepscope-outage-") as tmp:
-        db_url = f"sqlite:///{Path(tmp) / 'stepscope.db'}"
-        job_id = f"outage-{name}-{int(time.time())}"
-        out = Path(tmp, "out")
-        out.mkdir()
-        with ServerProcess(db_url, log_path=Path(tmp, "server.log")) as server:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-            env["OMP_NUM_THREADS"] = "1"
-            torchrun = Path(sys.executable).with_name("torchrun")
-            cmd = [str(torchrun), "--standalone", f"--nproc_per_node={args.ranks}", __file__]
-            cmd += ["--worker", "--url", server.url, "--job-id", job_id, "--out", str(out)]
-            cmd += ["--steps", str(args.steps), "--device-s", str(args.device_s)]
-            cmd += ["--width", str(args.width), "--depth", str(args.depth)]
-            cmd += ["--batch", str(args.batch)]
-            for key, value in buffers.items():
-                cmd += [f"--{key.replace('_', '-')}", str(value)]
-            job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-            run.start_ts = wait_for_start(out / "started", job)
-            if outage != "none":
-                time.sleep(max(run.start_ts + args.outage_at_s - time.time(), 0.0))
-                run.down_ts = time.time()
-                if outage == "hung":
-                    server.pause()
-                else:
-                    server.kill()
-                time.sleep(args.outage_s)
-                if outage == "hung":
-                    server.resume()
-                else:
-                    server.start()
-                run.up_ts = time.time()
-            if job.wait(timeout=600) != 0:
-                raise SystemExit(f"{name}: the job exited with {job.returncode}")
-            run.ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
-            for kind in ("steps", "collectives"):  # no GPU on CPU: `dropped_gpu` stays 0
-                run.stored[kind] = Counter(r["rank"] for r in read_rows(db_url, kind, job_id))
-            events = read_rows(db_url, "events", job_id)
-            own = [e for e in events if not e["message"].startswith(DROP_REPORT_PREFIX)]
-            run.stored["events"] = Counter(e["rank"] for e in own)
-            with urllib.request.urlopen(f"{server.url}/api/v1/jobs/{job_id}", timeout=30) as r:
-                run.summary = json.loads(r.read())
+    return Launched(run=run, server=server, job=job, out=out, db_url=db_url, job_id=job_id)
+
+
+def collect(launched: Launched, args: argparse.Namespace) -> Run:
+    """Wait for the job; what its ranks counted, what was stored, its summary."""
+    from tests.live_server import read_rows
+
+    run, db_url, job_id = launched.run, launched.db_url, launched.job_id
+    if launched.job.wait(timeout=600) != 0:
+        raise SystemExit(f"{run.name}: the job exited with {launched.job.returncode}")
+    run.ranks = [
+        json.loads((launched.out / f"rank{r}.json").read_text()) for r in range(args.ranks)
+    ]
+    for kind in ("steps", "collectives"):  # no GPU on CPU: `dropped_gpu` stays 0
+        run.stored[kind] = Counter(r["rank"] for r in read_rows(db_url, kind, job_id))
+    events = read_rows(db_url, "events", job_id)
+    own = [e for e in events if not e["message"].startswith(DROP_REPORT_PREFIX)]
+    run.stored["events"] = Counter(e["rank"] for e in own)
+    with urllib.request.urlopen(f"{launched.server.url}/api/v1/jobs/{job_id}", timeout=30) as r:
+        run.summary = json.loads(r.read())
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
         times = {"start_ts": run.start_ts, "down_ts": run.down_ts, "up_ts": run.up_ts}
-        Path(args.keep, f"{name}.json").write_text(json.dumps({**times, "ranks": run.ranks}))
-    print(f"  {name}: done", file=sys.stderr)
+        Path(args.keep, f"{run.name}.json").write_text(json.dumps({**times, "ranks": run.ranks}))
     return run
+
+
+def run_pair(
+    name: str, outage: str, buffers: dict[str, int], args: argparse.Namespace
+) -> tuple[Run, Run]:
+    """The job whose collector goes away as `outage` says, and at the same time a control job
+    with its own server that stays: both see the same load from the rest of the machine."""
+    with ExitStack() as stack:
+        tested = launch(name, outage, buffers, args, stack)
+        control = launch(f"{name}-control", "none", DEFAULT_BUFFERS, args, stack)
+        for launched in (tested, control):
+            launched.run.start_ts = wait_for_start(launched.out / "started", launched.job)
+        run, server = tested.run, tested.server
+        time.sleep(max(run.start_ts + args.outage_at_s - time.time(), 0.0))
+        run.down_ts = time.time()
+        if outage == "hung":
+            server.pause()
+        else:
+            server.kill()
+        time.sleep(args.outage_s)
+        if outage == "hung":
+            server.resume()
+        else:
+            server.start()
+        run.up_ts = time.time()
+        runs = collect(tested, args), collect(control, args)
+    print(f"  {name}: done", file=sys.stderr)
+    return runs
 
 
 def wait_for_start(path: Path, job: subprocess.Popen[bytes], timeout_s: float = 180.0) -> float:
@@ -409,9 +450,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--outage-at-s", type=float, default=12.0, help="into the job, seconds")
     p.add_argument("--outage-s", type=float, default=30.0)
-    p.add_argument(
-        "--runs", default="control,hung,refused,small", help="which of control,hung,refused,small"
-    )
+    p.add_argument("--runs", default="hung,refused,small", help="which of hung,refused,small")
     p.add_argument("--keep", default=None, help="directory for each run's raw per-rank data")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
@@ -431,21 +470,19 @@ def main() -> None:
         return
     wanted = args.runs.split(",")
     plan = {
-        "control": ("none", DEFAULT_BUFFERS),
         "hung": ("hung", DEFAULT_BUFFERS),
         "refused": ("refused", DEFAULT_BUFFERS),
         "small": ("refused", SMALL_BUFFERS),
     }
     began = time.monotonic()
-    runs = {name: run_job(name, *plan[name], args) for name in plan if name in wanted}
-    control = runs["control"]
+    pairs = {name: run_pair(name, *plan[name], args) for name in plan if name in wanted}
     print(
         f"{args.ranks} ranks x {args.steps} steps (DDP MLP {args.width}x{args.depth}, batch "
         f"{args.batch}, + {args.device_s * 1e3:.0f} ms sleep per step); collector away "
         f"{args.outage_s:.0f} s from {args.outage_at_s:.0f} s into the job; "
         f"{time.monotonic() - began:.0f} s in all"
     )
-    for run in runs.values():
+    for run in (run for pair in pairs.values() for run in pair):
         made = sum(len(r["steps"]) for r in run.ranks)
         outage = ""
         if run.outage != "none":
@@ -453,12 +490,13 @@ def main() -> None:
         print(f"  {run.name}: {made} rank-steps{outage}")
     rows: list[tuple[str, str, str]] = []
     for name in ("hung", "refused"):
-        if name in runs:
-            run = runs[name]
+        if name in pairs:
+            run, control = pairs[name]
             rows += step_figures(run, control) + memory_figures(run, control)
             rows += arrival_figures(run)
-    if "small" in runs:
-        rows += memory_figures(runs["small"], control) + drop_figures(runs["small"])
+    if "small" in pairs:
+        run, control = pairs["small"]
+        rows += memory_figures(run, control) + drop_figures(run)
     print_table(rows)
 
 

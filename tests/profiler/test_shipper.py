@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.profiler.config import Config
-from stepscope.profiler.shipper import Shipper, retry_after_s
+from stepscope.profiler.shipper import Shipper, dumps_in_chunks, retry_after_s
 from stepscope.schema import STEPS
 from tests.live_server import RunningServer, free_port, read_rows
 from tests.profiler.http_sink import http_sink
@@ -39,6 +39,20 @@ def test_batches_are_columnar_with_every_wire_column() -> None:
     assert body["steps"]["forward_s"] == [None, None, None]
     assert shipper.stats.num_rows_sent["steps"] == 3
     assert shipper.stats.num_bytes_sent == sink.body_bytes[0]
+
+
+def test_a_batch_encoded_in_chunks_is_the_json_of_the_whole() -> None:
+    rows = [step_row(step) for step in range(1_234)]
+    payload = {
+        "schema": 1,
+        "job": dict(JOB),
+        "seq": 3,
+        "steps": {c: [r.get(c) for r in rows] for c in ("step", "ts", "step_s", "data_s")},
+        "events": [{"ts": 1.7e9, "kind": "custom", "message": 'é " ,]', "attributes": {}}] * 700,
+    }
+    text = dumps_in_chunks(payload)
+    assert json.loads(text) == payload
+    assert text == json.dumps(payload, separators=(",", ":"))
 
 
 def test_server_errors_are_retried_with_the_same_seq_and_incarnation() -> None:
