@@ -319,14 +319,17 @@ def step_figures(run: Run, control: Run) -> list[tuple[str, str, str]]:
             )
         )
     inside, inside_control = run.in_profiler(lo_s, hi_s), control.in_profiler(lo_s, hi_s)
-    worst_ms = max(inside) * 1e3
+    # After its return the backlog is encoded and sent: that is when a GIL stall would show.
+    after_ms = max(run.in_profiler(hi_s, float("inf")), default=0.0) * 1e3
+    worst_ms = max(max(inside) * 1e3, after_ms)
     rows.append(
         (
-            f"{run.name}: time in stepscope's step() per step, during the outage",
-            f"median {statistics.median(inside) * 1e6:.0f} us, p99 "
-            f"{statistics.quantiles(inside, n=100)[-1] * 1e6:.0f} us, max {worst_ms:.1f} ms "
-            f"(control, same window: median {statistics.median(inside_control) * 1e6:.0f} us,"
-            f" max {max(inside_control) * 1e3:.1f} ms)",
+            f"{run.name}: time in stepscope's step() per step",
+            f"during the outage: median {statistics.median(inside) * 1e6:.0f} us, p99 "
+            f"{statistics.quantiles(inside, n=100)[-1] * 1e6:.0f} us, max "
+            f"{max(inside) * 1e3:.1f} ms (control, same window: median "
+            f"{statistics.median(inside_control) * 1e6:.0f} us, max "
+            f"{max(inside_control) * 1e3:.1f} ms); after it: max {after_ms:.1f} ms",
             f"never blocks (max < {GOAL_BLOCK_MS:.0f} ms): "
             f"{'met' if worst_ms < GOAL_BLOCK_MS else 'NOT met'}",
         )
