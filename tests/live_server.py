@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -99,6 +100,16 @@ class ServerProcess:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(timeout=30)
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections but nothing answers, as when a node hangs."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause(): the server answers what waited, then carries on."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         """Terminate gracefully (SIGKILL after 10 s)."""

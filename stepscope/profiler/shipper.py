@@ -36,6 +36,9 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu": tuple(c.name for c in GPU.wire_columns),
 }
 _RETRYABLE_STATUS = (408, 429)
+_ENCODE_CHUNK_VALUES = 500
+"""Values encoded by one json.dumps call. The C encoder holds the GIL for the whole call: a
+5,000-row batch (after an outage) in one call would stall the training thread for ~50 ms."""
 
 
 @dataclass(slots=True)
@@ -47,9 +50,36 @@ class _Batch:
 
     def encoded(self) -> bytes:
         if not self.body_gz:
-            text = json.dumps(self.payload, separators=(",", ":"), allow_nan=False)
-            self.body_gz = gzip.compress(text.encode(), compresslevel=6)
+            self.body_gz = gzip.compress(dumps_in_chunks(self.payload).encode(), compresslevel=6)
         return self.body_gz
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _dumps_list(values: list[Any]) -> str:
+    step = _ENCODE_CHUNK_VALUES
+    return (
+        "["
+        + ",".join(_dumps(values[i : i + step])[1:-1] for i in range(0, len(values), step))
+        + "]"
+    )
+
+
+def dumps_in_chunks(payload: dict[str, Any]) -> str:
+    """The batch as compact JSON, its columns and events encoded a few hundred values per call,
+    so that the training thread gets the GIL between calls."""
+    parts = []
+    for key, value in payload.items():
+        if isinstance(value, dict) and key in _COLUMNS:
+            columns = ",".join(f"{_dumps(c)}:{_dumps_list(v)}" for c, v in value.items())
+            parts.append(f"{_dumps(key)}:{{{columns}}}")
+        elif isinstance(value, list):
+            parts.append(f"{_dumps(key)}:{_dumps_list(value)}")
+        else:
+            parts.append(f"{_dumps(key)}:{_dumps(value)}")
+    return "{" + ",".join(parts) + "}"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,6 +160,8 @@ class Shipper:
         self._seq = 0
         self.stats = ShipperStats()
         self._dropped_reported = dict.fromkeys(KINDS, 0)
+        self._drop_lock = threading.Lock()
+        """Guards num_dropped: training threads and this one count drops at the same time."""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._deadline = float("inf")
@@ -147,7 +179,8 @@ class Shipper:
         """Buffer one record (a dict of wire columns, or an event dict); drop and count if full."""
         buffer = self._buffers[kind]
         if len(buffer) >= self._config.max_buffer_rows:
-            self.stats.num_dropped[kind] += 1
+            with self._drop_lock:
+                self.stats.num_dropped[kind] += 1
             return
         buffer.append(row)
 
@@ -182,6 +215,14 @@ class Shipper:
         if self._thread.is_alive():
             self._thread.join(timeout_s + 1.0)
         return not self._thread.is_alive() and not self._left_unsent
+
+    def num_held_rows(self) -> dict[str, int]:
+        """Records of each kind held in memory now: buffered, or in unacknowledged batches."""
+        held = {kind: len(buffer) for kind, buffer in self._buffers.items()}
+        for batch in list(self._pending):  # list() copies under the GIL: no mutation mid-loop
+            for kind, n in batch.counts.items():
+                held[kind] += n
+        return held
 
     @property
     def idle(self) -> bool:
@@ -221,9 +262,10 @@ class Shipper:
             self.stats.thread_cpu_s = time.thread_time()
             self._left_unsent = bool(self._pending) or any(self._buffers.values())
             self._spill_all_pending()
-            for kind, buffer in self._buffers.items():
-                self.stats.num_dropped[kind] += len(buffer)
-                buffer.clear()
+            with self._drop_lock:
+                for kind, buffer in self._buffers.items():
+                    self.stats.num_dropped[kind] += len(buffer)
+                    buffer.clear()
 
     def _build_batches(self) -> None:
         while any(self._buffers.values()) or self._job_changed:
@@ -358,14 +400,22 @@ class Shipper:
         self._retry_at = time.monotonic() + delay_s
 
     def _drop(self, batch: _Batch) -> None:
-        for kind, n in batch.counts.items():
-            self.stats.num_dropped[kind] += n
+        with self._drop_lock:
+            for kind, n in batch.counts.items():
+                self.stats.num_dropped[kind] += n
+        for event in batch.payload.get("events", ()):
+            # A drop report lost with this batch: its counts go out again with the next one.
+            if str(event.get("message", "")).startswith(DROP_REPORT_PREFIX):
+                for key, n in event["attributes"].items():
+                    self._dropped_reported[key.removeprefix("dropped_")] -= n
 
     def _report_drops(self) -> None:
-        new = {k: self.stats.num_dropped[k] - self._dropped_reported[k] for k in KINDS}
+        with self._drop_lock:
+            dropped = dict(self.stats.num_dropped)
+        new = {k: dropped[k] - self._dropped_reported[k] for k in KINDS}
         if not any(new.values()):
             return
-        self._dropped_reported = dict(self.stats.num_dropped)
+        self._dropped_reported = dropped
         total = sum(new.values())
         self._buffers["events"].append(
             {

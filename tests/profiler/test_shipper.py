@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.profiler.config import Config
-from stepscope.profiler.shipper import Shipper, retry_after_s
+from stepscope.profiler.shipper import Shipper, dumps_in_chunks, retry_after_s
 from stepscope.schema import STEPS
 from tests.live_server import RunningServer, free_port, read_rows
 from tests.profiler.http_sink import http_sink
@@ -39,6 +39,20 @@ def test_batches_are_columnar_with_every_wire_column() -> None:
     assert body["steps"]["forward_s"] == [None, None, None]
     assert shipper.stats.num_rows_sent["steps"] == 3
     assert shipper.stats.num_bytes_sent == sink.body_bytes[0]
+
+
+def test_a_batch_encoded_in_chunks_is_the_json_of_the_whole() -> None:
+    rows = [step_row(step) for step in range(1_234)]
+    payload = {
+        "schema": 1,
+        "job": dict(JOB),
+        "seq": 3,
+        "steps": {c: [r.get(c) for r in rows] for c in ("step", "ts", "step_s", "data_s")},
+        "events": [{"ts": 1.7e9, "kind": "custom", "message": 'é " ,]', "attributes": {}}] * 700,
+    }
+    text = dumps_in_chunks(payload)
+    assert json.loads(text) == payload
+    assert text == json.dumps(payload, separators=(",", ":"))
 
 
 def test_server_errors_are_retried_with_the_same_seq_and_incarnation() -> None:
@@ -111,6 +125,31 @@ def test_a_rejected_batch_is_not_resent_and_is_counted_then_reported() -> None:
     assert len(events) == 1
     assert events[0]["attributes"]["dropped_steps"] == 1
     assert "dropped 1 records" in events[0]["message"]
+
+
+def wait_for_requests(sink: Any, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(sink.received) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sink.received) >= count
+
+
+def test_a_drop_report_lost_with_its_batch_is_reported_again() -> None:
+    with http_sink() as sink:
+        # step 1's batch is rejected; step 2's is taken, and the report of step 1 follows it,
+        # in a batch of its own that is rejected too; step 3's batch is taken.
+        sink.statuses = [422, 200, 422]
+        shipper = build(sink.url, flush_interval_s=60)
+        for step, num_requests in ((1, 1), (2, 3), (3, 4)):
+            shipper.add("steps", step_row(step))
+            shipper.flush_soon()
+            wait_for_requests(sink, num_requests)
+        assert shipper.close(timeout_s=5)
+    assert shipper.stats.num_dropped == {"steps": 1, "collectives": 0, "gpu": 0, "events": 1}
+    reports = [e["attributes"] for b in sink.accepted() for e in b.get("events", [])]
+    assert reports == [
+        {"dropped_steps": 1, "dropped_collectives": 0, "dropped_gpu": 0, "dropped_events": 1}
+    ]
 
 
 def test_full_buffer_drops_new_records_and_reports_them() -> None:
