@@ -21,12 +21,15 @@ from stepscope.schema import Finding
 from stepscope.store import jobs
 from stepscope.store.findings import load_findings
 from stepscope.text import labels
+from stepscope.text.finding_groups import folded_lines, grouped
 from stepscope.text.findings import finding_line, subject
 from stepscope.text.goodput import top_badput
 from stepscope.text.numbers import seconds, share
 
 FINISH_WAIT_S = 30.0
 """How long the job's final status may take to arrive after torchrun exits."""
+_WIDTH = 120
+"""Finding lines are this wide at most (the console folds them where it is narrower)."""
 
 
 class DemoError(RuntimeError):
@@ -148,8 +151,7 @@ def _print_found(engine: sa.Engine, job_id: str, found: list[Finding], console: 
     """The findings of the final analysis, the restart and the goodput."""
     console.print(f"\n[bold]What stepscope found[/] in {job_id} (final analysis):")
     shown = [f for f in found if f.severity in ("warning", "critical")] or found
-    for finding in sorted(shown, key=lambda f: (f.first_step or 0, f.kind)):
-        console.print(f"  {finding_line(finding, width=120)}", highlight=False)
+    _print_lines(shown, console)
     result = job_goodput(engine, job_id, with_windows=False)
     gp = result.result
     for before, after in zip(gp.incarnations, gp.incarnations[1:], strict=False):
@@ -178,6 +180,14 @@ def _print_found(engine: sa.Engine, job_id: str, found: list[Finding], console: 
     )
 
 
+def _print_lines(found: list[Finding], console: Console) -> None:
+    """The findings, the most pressing first, with the changes each explains folded under it."""
+    for group in grouped(found, lambda f: f):
+        lines = [finding_line(group.root, width=_WIDTH), *folded_lines(group.folded, _WIDTH)]
+        for line in lines:
+            console.print(f"  {line}", highlight=False)
+
+
 def _load_extras(server: DemoServer, job_id: str, console: Console) -> None:
     engine: sa.Engine = server.app.state.engine
     large_id = f"{job_id}-synthetic-1024"
@@ -190,8 +200,7 @@ def _load_extras(server: DemoServer, job_id: str, console: Console) -> None:
         f"\nloaded {large_id}: {extras.LARGE_RANKS:,} ranks x {extras.LARGE_STEPS} steps "
         f"(synthetic), {len(found)} finding(s):"
     )
-    for finding in found:
-        console.print(f"  {finding_line(finding, width=120)}", highlight=False)
+    _print_lines(found, console)
     with console.status("loading a synthetic fleet"):
         num_jobs = extras.load_fleet(engine)
     fleet = f"{extras.FLEET.num_jobs} jobs on {extras.FLEET.num_nodes} nodes"
