@@ -167,9 +167,13 @@ def _print_found(engine: sa.Engine, job_id: str, found: list[Finding], console: 
             f"{failure.get('step', before.interrupted_step)}: {failure.get('message', '?')}",
             highlight=False,
         )
+        # Per rank: the restart's downtime, then the new processes' start-up to their first step.
+        back_s = before.categories.get("restart_downtime", 0.0) + after.categories.get(
+            "startup", 0.0
+        )
         console.print(
-            f"            resumed at step {before.resumed_at}: {lost_text}, "
-            f"{seconds(after.started_at - before.ended_at)} down",
+            f"            resumed at step {before.resumed_at}: {lost_text}; stepping again "
+            f"{seconds(back_s / max(after.num_ranks, 1))} after the failed run ended",
             highlight=False,
         )
     badput = top_badput(gp.categories, gp.total_s, result.responsible)
