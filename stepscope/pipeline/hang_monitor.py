@@ -145,17 +145,26 @@ class HangMonitor:
         # The jobs are due before any answer: a client holding its answer sees the attribution
         # pending until one has seen its report.
         now = time.monotonic()
+        for job_id in dict.fromkeys(row["job_id"] for row in rows):
+            if job_id not in self._dirty:
+                self._dirty[job_id] = max(now, self._last_run.get(job_id, 0.0) + self._debounce_s)
+        try:
+            self._cache(rows)
+        except Exception:
+            log.exception("caching %d hang report(s) failed; reloading them", len(rows))
+            for row in rows:
+                self._reports.pop(row["job_id"], None)
+        for _, future in group:
+            future.set_result(None)
+
+    def _cache(self, rows: list[dict[str, Any]]) -> None:
+        """Keep each rank's latest report of the jobs whose reports are cached."""
         for row in rows:
-            job_id = row["job_id"]
-            cached = self._reports.get(job_id)
+            cached = self._reports.get(row["job_id"])
             if cached is not None:
                 known = cached.get(row["rank"])
                 if known is None or known.ts <= row["ts"]:
                     cached[row["rank"]] = RankReport.of(row)
-            if job_id not in self._dirty:
-                self._dirty[job_id] = max(now, self._last_run.get(job_id, 0.0) + self._debounce_s)
-        for _, future in group:
-            future.set_result(None)
 
     def pending(self, job_id: str) -> bool:
         """Reports of the job are stored that no attribution has seen yet."""
