@@ -219,15 +219,14 @@ def stored_job_seconds(num_ranks: int, num_steps: int, repeat: int = 3) -> tuple
                 "rank": [rank] * len(kinds),
             }
             pending.append(
-                writer.submit(
-                    job={"job_id": job_id, "world_size": num_ranks},
-                    source={"rank": rank, "incarnation": inc},
-                    seq=0,
-                    sections={"events": events},
-                )
+                {
+                    "job": {"job_id": job_id, "world_size": num_ranks},
+                    "source": {"rank": rank, "incarnation": inc},
+                    "seq": 0,
+                    "sections": {"events": events},
+                }
             )
-        for future in pending:
-            future.result()
+        writer.submit(pending).result()
         writer.close()
         best = float("inf")
         for _ in range(repeat):

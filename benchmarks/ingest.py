@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import os
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
+from stepscope.profiler.node_relay import bundle_body  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402
@@ -98,7 +100,11 @@ async def post_rounds(
                 latencies_s.append(time.perf_counter() - sent_at)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {payload[:200]!r}")
-            accepted += sum(orjson.loads(payload)["accepted"].values())
+            answer = orjson.loads(payload)
+            for result in answer.get("results", [answer]):  # a bundle: one result per batch
+                if result.get("status", 200) != 200:
+                    raise RuntimeError(f"a batch of a bundle was refused: {result}")
+                accepted += sum(result["accepted"].values())
         return accepted
 
     for k, bodies in enumerate(rounds):
@@ -162,6 +168,19 @@ def job_rounds(num_ranks: int, num_steps: int, flush_steps: int) -> list[list[by
     return batch_rounds(generate(spec), steps_per_batch=flush_steps)
 
 
+def node_bundles(rounds: list[list[bytes]], node_ranks: int) -> list[list[bytes]]:
+    """Each round's batches as `stepscope run`'s relays send them: one bundle per node."""
+    if node_ranks == 1:
+        return rounds
+    return [
+        [
+            bundle_body([gzip.decompress(b) for b in bodies[i : i + node_ranks]])
+            for i in range(0, len(bodies), node_ranks)
+        ]
+        for bodies in rounds
+    ]
+
+
 def bench_engine(name: str, db_url: str, args: argparse.Namespace) -> None:
     upgrade(make_engine(db_url))
     if not args.sustained_only:
@@ -199,9 +218,20 @@ def bench_burst(name: str, db_url: str, args: argparse.Namespace) -> None:
 
 
 def bench_sustained(db_url: str, args: argparse.Namespace) -> None:
-    started = time.perf_counter()
-    rounds = job_rounds(args.sustained_ranks, args.sustained_steps, args.flush_steps)
-    made_s = time.perf_counter() - started
+    for node_ranks in args.node_ranks:  # a new job each time
+        started = time.perf_counter()
+        rounds = job_rounds(args.sustained_ranks, args.sustained_steps, args.flush_steps)
+        made_s = time.perf_counter() - started
+        sustained(db_url, args, node_bundles(rounds, node_ranks), made_s, node_ranks)
+
+
+def sustained(
+    db_url: str,
+    args: argparse.Namespace,
+    rounds: list[list[bytes]],
+    made_s: float,
+    node_ranks: int,
+) -> None:
     latencies_s: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         with ServerProcess(db_url, log_path=Path(tmp) / "server.log") as server:
@@ -217,9 +247,11 @@ def bench_sustained(db_url: str, args: argparse.Namespace) -> None:
     latencies_s.sort()
     p50_s = latencies_s[len(latencies_s) // 2]
     p99_s = latencies_s[min(len(latencies_s) - 1, int(len(latencies_s) * 0.99))]
+    sender = "one request per rank" if node_ranks == 1 else f"a bundle per node of {node_ranks}"
     print(
-        f"  sustained: {args.sustained_ranks} ranks at 1 step/s, flush every {args.flush_steps} "
-        f"steps ({len(rounds)} rounds of {len(rounds[0])} batches, made in {made_s:.1f} s): "
+        f"  sustained, {sender}: {args.sustained_ranks} ranks at 1 step/s, flush every "
+        f"{args.flush_steps} steps ({len(rounds)} rounds of {len(rounds[0])} requests, made "
+        f"in {made_s:.1f} s): "
         f"{rows} rows over {elapsed:.1f} s for {trained_s} s of training; "
         f"round lag max {max(lags):.2f} s, mean {sum(lags) / len(lags):.2f} s -> "
         f"{'keeps up' if keeps_up else 'FALLS BEHIND'}"
@@ -251,11 +283,9 @@ def path_costs(db_url: str, num_ranks: int, flush_steps: int) -> None:
     engine = make_engine(db_url)
     upgrade(engine)
     writer = BatchWriter(engine)
-    futures = [
-        writer.submit(job=b.job, source=b.source, seq=b.seq, sections=b.sections) for b in batches
-    ]
-    for future in futures:
-        future.result()
+    writer.submit(
+        [{"job": b.job, "source": b.source, "seq": b.seq, "sections": b.sections} for b in batches]
+    ).result()
     written = time.process_time()
     writer.close()
     engine.dispose()
@@ -281,6 +311,13 @@ def main() -> None:
     )
     parser.add_argument("--sustained-ranks", type=int, default=4096)
     parser.add_argument("--sustained-steps", type=int, default=60)
+    parser.add_argument(
+        "--node-ranks",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 8],
+        help="ranks per request in the sustained run: 1 (each rank posts) and N (a node's "
+        "relay bundles N ranks, as `stepscope run` does); comma-separated, each run in turn",
+    )
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument(
         "--sustained-only", action="store_true", help="skip the burst and its raw-insert limit"

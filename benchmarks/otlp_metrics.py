@@ -164,17 +164,17 @@ def bench_scrape(args: argparse.Namespace) -> None:
         upgrade(engine)
         writer = BatchWriter(engine)
         now = time.time()
-        futures = [
-            writer.submit(
-                job={"job_id": f"job-{j:04d}"},
-                source={"rank": 0, "incarnation": "bench", "node": f"node-{j:04d}"},
-                seq=0,
-                sections={},
-            )
-            for j in range(args.jobs)
-        ]
-        for future in futures:
-            future.result()
+        writer.submit(
+            [
+                {
+                    "job": {"job_id": f"job-{j:04d}"},
+                    "source": {"rank": 0, "incarnation": "bench", "node": f"node-{j:04d}"},
+                    "seq": 0,
+                    "sections": {},
+                }
+                for j in range(args.jobs)
+            ]
+        ).result()
         writer.close()
         summaries: dict[str, list[Any]] = {
             "job_id": [f"job-{j:04d}" for j in range(args.jobs)],

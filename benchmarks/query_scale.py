@@ -128,9 +128,8 @@ def store_batches(engine: sa.Engine, job: SynthJob, first: int, last: int) -> tu
     pending, rows = [], 0
     for batch in batches(job, first, last):
         rows += sum(len(s["rank"]) for s in batch["sections"].values())
-        pending.append(writer.submit(**batch))
-    for future in pending:
-        future.result()
+        pending.append(batch)
+    writer.submit(pending).result()
     elapsed = time.perf_counter() - t0
     writer.close()
     return rows, elapsed

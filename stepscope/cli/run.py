@@ -18,7 +18,8 @@ def parser() -> argparse.ArgumentParser:
     """The options of `stepscope run`; what follows them (or `--`) is the command."""
     p = argparse.ArgumentParser(
         prog="stepscope run",
-        usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] [--on-hang ACTION] -- CMD…",
+        usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] [--on-hang ACTION] "
+        "[--no-node-relay] -- CMD…",
         description=HELP,
     )
     p.add_argument(
@@ -36,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
         "then ends the command with SIGTERM so that the scheduler restarts it (default: off; "
         "the token needs the read scope too)",
     )
+    p.add_argument(
+        "--no-node-relay",
+        dest="node_relay",
+        action="store_false",
+        help="Let each rank post its batches to the collector itself (default: the node's ranks "
+        "send theirs through one relay in this process, one request per node and flush)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="The command to run, after --")
     return p
 
@@ -49,7 +57,12 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         return launch(
-            command, job_id=args.job_id, url=args.url, token=args.token, on_hang=args.on_hang
+            command,
+            job_id=args.job_id,
+            url=args.url,
+            token=args.token,
+            on_hang=args.on_hang,
+            node_relay=args.node_relay,
         )
     except OSError as exc:
         sys.stderr.write(f"error: cannot run {command[0]!r}: {exc.strerror or exc}\n")

@@ -12,10 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stepscope.collector.validate import Batch, BatchError, decode_body, parse_batch
+from stepscope.collector.validate import Batch, BatchError, decode_body, parse_document
 from stepscope.pipeline.captures import CaptureDesk
 from stepscope.store.captures import Pending
-from stepscope.store.writer import BatchWriter
+from stepscope.store.writer import BatchWriter, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,15 @@ async def read_body_limited(request: Request, max_bytes: int) -> bytes:
 _INLINE_BODY_BYTES = 256 * 1024
 
 
-def parse_body(body: bytes, content_encoding: str | None, max_bytes: int) -> Batch:
-    return parse_batch(decode_body(body, content_encoding=content_encoding, max_bytes=max_bytes))
+def parse_body(
+    body: bytes, content_encoding: str | None, max_bytes: int
+) -> Batch | list[Batch | BatchError]:
+    return parse_document(decode_body(body, content_encoding=content_encoding, max_bytes=max_bytes))
 
 
 async def ingest(request: Request) -> Response:
-    """Store one rank's batch of records, whole or not at all.
+    """Store one rank's batch of records, whole or not at all; or a node's bundle of batches,
+    each stored whole or rejected alone, answered with one result per batch, in order.
 
     A plain Starlette endpoint: FastAPI's per-request dependency and response machinery
     costs about a quarter of the time of a small batch.
@@ -58,23 +61,48 @@ async def ingest(request: Request) -> Response:
     try:
         # Small bodies parse faster than a thread hop; large ones must not stall the loop.
         if len(body) <= _INLINE_BODY_BYTES:
-            batch = parse_body(body, encoding, settings.max_body_bytes)
+            parsed = parse_body(body, encoding, settings.max_body_bytes)
         else:
-            batch = await run_in_threadpool(parse_body, body, encoding, settings.max_body_bytes)
+            parsed = await run_in_threadpool(parse_body, body, encoding, settings.max_body_bytes)
     except BatchError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
+    if isinstance(parsed, Batch):
+        (answer,) = await _store(request, [parsed])
+        return Response(orjson.dumps(answer), media_type="application/json")
+    stored = iter(await _store(request, [b for b in parsed if isinstance(b, Batch)]))
+    results = [
+        {"status": 200, **next(stored)} if isinstance(item, Batch) else _rejected(request, item)
+        for item in parsed
+    ]
+    return Response(orjson.dumps({"results": results}), media_type="application/json")
+
+
+async def _store(request: Request, batches: list[Batch]) -> list[dict[str, Any]]:
+    """Write batches; the answer for each (rows accepted, resend or not, a capture order)."""
+    if not batches:
+        return []
     writer: BatchWriter = request.app.state.writer
-    result = await asyncio.wrap_future(
-        writer.submit(job=batch.job, source=batch.source, seq=batch.seq, sections=batch.sections)
+    written = writer.submit(
+        [{"job": b.job, "source": b.source, "seq": b.seq, "sections": b.sections} for b in batches]
     )
-    request.app.state.metrics.batch_stored(
-        "/v1/ingest", result.accepted, duplicate=result.duplicate
-    )
-    doc: dict[str, Any] = {"accepted": result.accepted, "duplicate": result.duplicate}
-    capture = await _capture_for(request, batch)
-    if capture is not None:
-        doc["capture"] = capture
-    return Response(orjson.dumps(doc), media_type="application/json")
+    results: list[WriteResult] = await asyncio.wrap_future(written)
+    answers = []
+    for batch, result in zip(batches, results, strict=True):
+        request.app.state.metrics.batch_stored(
+            "/v1/ingest", result.accepted, duplicate=result.duplicate
+        )
+        answer: dict[str, Any] = {"accepted": result.accepted, "duplicate": result.duplicate}
+        capture = await _capture_for(request, batch)
+        if capture is not None:
+            answer["capture"] = capture
+        answers.append(answer)
+    return answers
+
+
+def _rejected(request: Request, error: BatchError) -> dict[str, Any]:
+    """A bundle's batch that was rejected alone, counted as a rejected request would be."""
+    request.app.state.metrics.batch_rejected("/v1/ingest", error.status)
+    return {"status": error.status, "detail": str(error)}
 
 
 async def _capture_for(request: Request, batch: Batch) -> dict[str, Any] | None:

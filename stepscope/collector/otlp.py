@@ -230,11 +230,8 @@ async def receive_metrics(request: Request) -> Response:
     directory: RankDirectory = request.app.state.otlp_ranks
     sorted_points = await run_in_threadpool(sort_points, message, raw, directory.lookup)
     writer: BatchWriter = request.app.state.writer
-    futures = [
-        asyncio.wrap_future(writer.submit(attach=True, **batch))  # type: ignore[arg-type]
-        for batch in sorted_points.batches
-    ]
-    results: list[WriteResult] = list(await asyncio.gather(*futures))
+    written = writer.submit([{**batch, "attach": True} for batch in sorted_points.batches])
+    results: list[WriteResult] = await asyncio.wrap_future(written)
     metrics = request.app.state.metrics
     for batch, result in zip(sorted_points.batches, results, strict=True):
         points = batch["metrics"]

@@ -15,6 +15,8 @@ from stepscope import schema
 from stepscope.schema import MAX_ID_CHARS
 
 MAX_ROWS_PER_SECTION = 200_000
+MAX_BUNDLE_BATCHES = 1024
+"""Most batches in one node bundle (a node's ranks, each with a few batches after an outage)."""
 
 Columns = dict[str, list[Any]]
 """Column name → values, nulls as None, ready for a bulk insert."""
@@ -30,6 +32,10 @@ _COLUMNAR_SECTIONS = {"steps": schema.STEPS, "collectives": schema.COLLECTIVES, 
 _WIRE_COLUMNS = {
     t.name: {c.name: c for c in t.wire_columns}
     for t in (schema.STEPS, schema.COLLECTIVES, schema.GPU)
+}
+_REQUIRED_WIRE = {
+    t.name: tuple(name for name in t.required if name in _WIRE_COLUMNS[t.name])
+    for t in _COLUMNAR_SECTIONS.values()
 }
 _TOP_LEVEL = {"schema", "job", "source", "seq", "events", *_COLUMNAR_SECTIONS}
 _JOB_FIELDS = {c.name: c.dtype for c in schema.JOBS.columns}
@@ -220,7 +226,7 @@ def _columnar(section: str, table: schema.Table, payload: Any) -> Columns | None
     unknown = set(payload) - set(wire)
     if unknown:
         raise BatchError(f"{section} has unknown column(s): {', '.join(sorted(unknown))}")
-    missing = [name for name in table.required if name in wire and name not in payload]
+    missing = [name for name in _REQUIRED_WIRE[table.name] if name not in payload]
     if missing:
         raise BatchError(f"{section} is missing required column(s): {', '.join(missing)}")
     not_lists = [name for name, v in payload.items() if not isinstance(v, list)]
@@ -378,3 +384,28 @@ def parse_batch(doc: Any) -> Batch:
         columns["job_id"] = [job["job_id"]] * num_rows
         columns["rank"] = [source["rank"]] * num_rows
     return Batch(job=dict(job), source=dict(source), seq=seq, sections=sections)
+
+
+def parse_document(doc: Any) -> Batch | list[Batch | BatchError]:
+    """A rank's batch, or a node's bundle `{"batches": [batch, ...]}` (`stepscope run`'s relay:
+    one request for the node's ranks). A bundle's batches are validated one by one: a bad one
+    is rejected alone, with the error it would get on its own."""
+    if not isinstance(doc, dict) or "batches" not in doc:
+        return parse_batch(doc)
+    if len(doc) != 1:
+        unknown = sorted(set(doc) - {"batches"})
+        raise BatchError(f"a bundle holds only batches; unknown field(s): {', '.join(unknown)}")
+    items = doc["batches"]
+    if not isinstance(items, list) or not items:
+        raise BatchError("batches must be a non-empty list of batches")
+    if len(items) > MAX_BUNDLE_BATCHES:
+        raise BatchError(
+            f"a bundle holds {len(items)} batches, more than {MAX_BUNDLE_BATCHES}", status=413
+        )
+    parsed: list[Batch | BatchError] = []
+    for item in items:
+        try:
+            parsed.append(parse_batch(item))
+        except BatchError as exc:
+            parsed.append(exc)
+    return parsed

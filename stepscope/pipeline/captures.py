@@ -64,8 +64,14 @@ class CaptureDesk:
         self._refreshed_at = -float("inf")
 
     def refresh_due(self) -> bool:
-        """The memory is older than refresh_s."""
-        return time.monotonic() - self._refreshed_at >= self._refresh_s
+        """The memory is older than refresh_s. Only the first caller to ask hears so: the
+        requests that arrive while it re-reads do not each read again."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._refreshed_at < self._refresh_s:
+                return False
+            self._refreshed_at = now
+            return True
 
     def refresh(self) -> None:
         """Re-read the captures stored but not yet told (this replica's, other replicas',

@@ -25,6 +25,10 @@ class Config:
     url: str | None = None
     """Collector base URL, e.g. http://collector:8000. None disables the profiler."""
 
+    relay_url: str | None = None
+    """`stepscope run`'s node relay, which sends the batches of the node's ranks to the collector
+    in one request (set by `stepscope run`). Each rank then flushes in its node's time slot."""
+
     token: str | None = None
     """Bearer token with the `ingest` scope (optional on a loopback collector)."""
 

@@ -16,6 +16,7 @@ from types import FrameType
 
 from .dump_watcher import DumpWatcher
 from .hang_action import ON_HANG_ACTIONS, HangAction
+from .node_relay import NodeRelay
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -47,12 +48,14 @@ def launch(
     url: str | None,
     token: str | None,
     on_hang: str | None = None,
+    node_relay: bool = True,
 ) -> int:
     """Run `cmd` with the profiler's settings, forwarding SIGINT/SIGTERM; return its exit code.
 
     A child killed by signal N gives 128 + N, as a shell reports it. With
     `on_hang="dump-and-exit"`, a hang the server confirms ends the command after the ranks
-    dumped their flight recorders (hang_action.py); the exit code is then never 0.
+    dumped their flight recorders (hang_action.py); the exit code is then never 0. With
+    `node_relay`, the node's ranks send their batches through one NodeRelay (node_relay.py).
     """
     if not cmd:
         raise ValueError(
@@ -62,6 +65,7 @@ def launch(
         raise ValueError(f"on_hang must be one of {', '.join(ON_HANG_ACTIONS)}, got {on_hang!r}")
     env = child_env(cmd, job_id=job_id, url=url, token=token)
     watcher = _start_dump_watcher(env)
+    relay = _start_node_relay(env) if node_relay else None
     child = subprocess.Popen(list(cmd), env=env)
     if watcher is not None:
         watcher.children.add(child.pid)
@@ -93,6 +97,13 @@ def launch(
     finally:
         if action is not None:
             action.stop()
+        if relay is not None:
+            relay.stop()
+            stats = relay.stats
+            sys.stderr.write(
+                f"stepscope: the node relay sent {stats.num_batches} batches of this node's "
+                f"ranks in {stats.num_requests} requests\n"
+            )
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if watcher is not None:
@@ -106,11 +117,26 @@ def launch(
     return code
 
 
+def _profiling(env: dict[str, str]) -> bool:
+    disabled = env.get("STEPSCOPE_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(env.get("STEPSCOPE_URL")) and not disabled
+
+
+def _start_node_relay(env: dict[str, str]) -> NodeRelay | None:
+    """Bundle the node's batches (STEPSCOPE_RELAY_URL); None without a collector URL, or
+    when the ranks are told another relay."""
+    if not _profiling(env) or env.get("STEPSCOPE_RELAY_URL"):
+        return None
+    relay = NodeRelay(env["STEPSCOPE_URL"])
+    relay.start()
+    env["STEPSCOPE_RELAY_URL"] = relay.url
+    return relay
+
+
 def _start_dump_watcher(env: dict[str, str]) -> DumpWatcher | None:
     """Give the ranks a directory for their faulthandler dumps, and ship what lands there as
     hang reports (ranks holding the GIL, ranks that died); None without a collector URL."""
-    url = env.get("STEPSCOPE_URL")
-    if not url or env.get("STEPSCOPE_DISABLED", "").strip().lower() in ("1", "true", "yes", "on"):
+    if not _profiling(env):
         return None
     if env.get("STEPSCOPE_HANG_WATCHDOG", "").strip().lower() in ("0", "false", "no", "off"):
         return None
@@ -118,7 +144,9 @@ def _start_dump_watcher(env: dict[str, str]) -> DumpWatcher | None:
     if owns_dir:
         env["STEPSCOPE_HANG_DUMP_DIR"] = tempfile.mkdtemp(prefix="stepscope-hangs-")
     watcher = DumpWatcher(
-        dump_dir=Path(env["STEPSCOPE_HANG_DUMP_DIR"]), url=url, token=env.get("STEPSCOPE_TOKEN")
+        dump_dir=Path(env["STEPSCOPE_HANG_DUMP_DIR"]),
+        url=env["STEPSCOPE_URL"],
+        token=env.get("STEPSCOPE_TOKEN"),
     )
     watcher.owns_dir = owns_dir
     watcher.start()

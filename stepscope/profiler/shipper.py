@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,18 @@ class ShipperStats:
     """CPU seconds the shipper thread used; set when it stops."""
 
 
+def node_slot_wait_s(now_s: float, interval_s: float, node: str) -> float:
+    """Seconds until the node's next flush slot: the ranks of a node flush together (their
+    relay sends them in one request), and the nodes of a job are spread over the interval."""
+    phase_s = zlib.crc32(node.encode()) / 2**32 * interval_s
+    return interval_s - (now_s - phase_s) % interval_s
+
+
+def _refused(exc: BaseException) -> bool:
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, ConnectionRefusedError)
+
+
 class _SendError(Exception):
     def __init__(self, message: str, *, retryable: bool, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
@@ -145,7 +158,12 @@ class Shipper:
         self._flush_interval_s = config.flush_interval_s or default_flush_interval_s(
             int(job.get("world_size") or 1)
         )
-        self._endpoint = config.url.rstrip("/") + "/v1/ingest"
+        self._direct_endpoint = config.url.rstrip("/") + "/v1/ingest"
+        self._endpoint = (
+            config.relay_url.rstrip("/") + "/v1/ingest"
+            if config.relay_url
+            else self._direct_endpoint
+        )
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if config.token:
             self._headers["Authorization"] = f"Bearer {config.token}"
@@ -249,6 +267,10 @@ class Shipper:
                     break
                 if self._pending:
                     wait_s = self._retry_at - now
+                elif self._endpoint != self._direct_endpoint:
+                    wait_s = node_slot_wait_s(
+                        time.time(), self._flush_interval_s, str(self._source.get("node"))
+                    )
                 else:
                     # Jitter keeps the ranks of a large job from posting in lockstep.
                     wait_s = self._flush_interval_s * random.uniform(0.9, 1.1)
@@ -371,6 +393,9 @@ class Shipper:
                 retry_after_s=retry_after_s(exc.headers.get("Retry-After")),
             ) from exc
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
+            if self._endpoint != self._direct_endpoint and _refused(exc):
+                log.warning("stepscope node relay is gone (%s); posting to the collector", exc)
+                self._endpoint = self._direct_endpoint
             raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
         if self._on_capture is not None and b'"capture"' in answer:
             self._offer_capture(answer)

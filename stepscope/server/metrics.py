@@ -124,6 +124,11 @@ class ServerMetrics:
             if num_rows:
                 self.ingest_rows.labels(table).inc(num_rows)
 
+    def batch_rejected(self, endpoint: str, status_code: int) -> None:
+        """Count one refused batch (a 4xx request, or a bundle's batch rejected alone)."""
+        self.rejected_batches.labels(endpoint, rejection_reason(status_code)).inc()
+        self.ingest_batches.labels(endpoint, "rejected").inc()
+
     def otlp_received(self, outcomes: dict[str, int]) -> None:
         """Count OTLP points by where they went."""
         for outcome, num_points in outcomes.items():
@@ -254,8 +259,7 @@ class RequestMetrics:
         ).observe(elapsed_s)
         if template in INGEST_PATHS and scope["method"] == "POST":
             if 400 <= status_code < 500:
-                self.metrics.rejected_batches.labels(template, rejection_reason(status_code)).inc()
-                self.metrics.ingest_batches.labels(template, "rejected").inc()
+                self.metrics.batch_rejected(template, status_code)
             elif status_code >= 500:
                 self.metrics.ingest_batches.labels(template, "failed").inc()
 

@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ _MUTABLE_JOB_COLUMNS = (
 _CLAIM_COLUMNS = "job_id, rank, incarnation, seq, received_at, num_steps, num_collectives, "
 _CLAIM_COLUMNS += "num_gpu, num_events, first_step, last_step, first_gpu_ts, last_gpu_ts"
 _CLAIM_CHUNK = 1000
-"""Batches claimed per statement (SQLite allows 32766 parameters)."""
+"""Batches claimed per SQLite statement (SQLite allows 32766 parameters)."""
 _STORED_COUNTS = sa.text(
     "SELECT num_steps, num_collectives, num_gpu, num_events FROM ingest_batches "
     "WHERE job_id = :job_id AND rank = :rank AND incarnation = :incarnation AND seq = :seq"
@@ -132,6 +133,31 @@ _INSERT_RANK = sa.text(_INSERT_RANK_VALUES + "ON CONFLICT (job_id, rank) DO NOTH
 """Relayed rows (attach=True) name a job and rank without speaking for them."""
 
 
+class _Outcomes:
+    """One future for the batches queued together: their results in order once the last is
+    written, or the first error. Settled by the writer thread alone."""
+
+    __slots__ = ("future", "_results", "_left")
+
+    def __init__(self, num_batches: int) -> None:
+        self.future: Future[list[WriteResult]] = Future()
+        self._results: list[WriteResult | None] = [None] * num_batches
+        self._left = num_batches
+        if not num_batches:
+            self.future.set_result([])
+
+    def settle(self, index: int, outcome: WriteResult | BaseException) -> None:
+        if self.future.done():  # an earlier batch failed
+            return
+        if isinstance(outcome, BaseException):
+            self.future.set_exception(outcome)
+            return
+        self._results[index] = outcome
+        self._left -= 1
+        if not self._left:
+            self.future.set_result(self._results)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class _Pending:
     job: dict[str, Any]
@@ -142,7 +168,12 @@ class _Pending:
     """Rows relayed for a rank (OTLP): the job and rank rows are created if new, never changed."""
     metrics: dict[str, list[Any]] | None = None
     """Generic metric points (tables.otlp_metrics columns), stored with the batch."""
-    future: Future[WriteResult] = field(default_factory=Future)
+    outcomes: _Outcomes = field(default_factory=lambda: _Outcomes(1))
+    index: int = 0
+    """This batch's place among its outcomes."""
+
+    def settle(self, outcome: WriteResult | BaseException) -> None:
+        self.outcomes.settle(self.index, outcome)
 
     @property
     def key(self) -> tuple[str, int, str, int]:
@@ -188,7 +219,16 @@ class BatchWriter:
         self._thread = threading.Thread(target=self._run, name="stepscope-writer", daemon=True)
         self._thread.start()
 
-    def submit(
+    def submit(self, batches: Sequence[Mapping[str, Any]]) -> Future[list[WriteResult]]:
+        """Queue batches, each given as write()'s keywords; the future resolves with their
+        results, in order, once each is committed (or found duplicate), or with the first
+        error."""
+        outcomes = _Outcomes(len(batches))
+        for index, batch in enumerate(batches):
+            self._queue.put(_Pending(**batch, outcomes=outcomes, index=index))
+        return outcomes.future
+
+    def write(
         self,
         *,
         job: dict[str, Any],
@@ -197,17 +237,12 @@ class BatchWriter:
         sections: dict[str, dict[str, list[Any]]],
         attach: bool = False,
         metrics: dict[str, list[Any]] | None = None,
-    ) -> Future[WriteResult]:
-        """Queue a batch; the future resolves once it is committed (or found duplicate)."""
-        pending = _Pending(
-            job=job, source=source, seq=seq, sections=sections, attach=attach, metrics=metrics
-        )
-        self._queue.put(pending)
-        return pending.future
-
-    def write(self, **batch: Any) -> WriteResult:
-        """Store a batch and wait for the commit."""
-        return self.submit(**batch).result()
+    ) -> WriteResult:
+        """Store a batch and wait for the commit. With `attach`, rows relayed for a rank (OTLP):
+        its job and rank rows are created if new, never changed. `metrics`: generic metric
+        points (tables.otlp_metrics columns), stored with the batch."""
+        batch = {"job": job, "source": source, "seq": seq, "sections": sections}
+        return self.submit([{**batch, "attach": attach, "metrics": metrics}]).result()[0]
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Finish the queued batches and stop the writer thread."""
@@ -241,18 +276,18 @@ class BatchWriter:
                 # Down or locked: every batch would fail alike, and its sender will resend it.
                 OUTAGES.unavailable(exc)
                 for pending in group:
-                    pending.future.set_exception(exc)
+                    pending.settle(exc)
                 return
             if len(group) == 1:
                 log.exception("batch of job %s could not be stored", group[0].job["job_id"])
-                group[0].future.set_exception(exc)
+                group[0].settle(exc)
                 return
             for pending in group:
                 self._commit([pending])
             return
         OUTAGES.available()
         for pending, result in zip(group, results, strict=True):
-            pending.future.set_result(result)
+            pending.settle(result)
 
     def _write_group(self, group: list[_Pending]) -> list[WriteResult]:
         now = time.time()
@@ -293,18 +328,29 @@ class BatchWriter:
         return results
 
 
+_CLAIM_RETURNING = " ON CONFLICT DO NOTHING RETURNING job_id, rank, incarnation, seq"
+_PG_CLAIM = (
+    f"INSERT INTO ingest_batches ({_CLAIM_COLUMNS}) SELECT * FROM unnest("
+    "%s::text[], %s::int8[], %s::text[], %s::int8[], %s::float8[], %s::int4[], %s::int4[], "
+    "%s::int4[], %s::int4[], %s::int8[], %s::int8[], %s::float8[], %s::float8[])" + _CLAIM_RETURNING
+)
+"""One statement for any number of batches (its text the same each time, so the driver
+parses it once): the columns travel as arrays."""
+
+
 def _claim(conn: sa.Connection, group: list[_Pending], now: float) -> set[tuple[Any, ...]]:
     """Record the idempotency keys of a group; the keys that were not stored before."""
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    row = "(" + ", ".join([mark] * 13) + ")"
+    rows = [(*p.key, now, *p.counts.values(), *p.extent) for p in group]
+    if conn.dialect.name == "postgresql":
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        return {tuple(r) for r in conn.exec_driver_sql(_PG_CLAIM, tuple(columns))}
     claimed: set[tuple[Any, ...]] = set()
-    for start in range(0, len(group), _CLAIM_CHUNK):
-        chunk = group[start : start + _CLAIM_CHUNK]
-        params = tuple(v for p in chunk for v in (*p.key, now, *p.counts.values(), *p.extent))
+    for start in range(0, len(rows), _CLAIM_CHUNK):
+        chunk = rows[start : start + _CLAIM_CHUNK]
+        values = ", ".join(["(" + ", ".join(["?"] * len(chunk[0])) + ")"] * len(chunk))
         result = conn.exec_driver_sql(
-            f"INSERT INTO ingest_batches ({_CLAIM_COLUMNS}) VALUES {', '.join([row] * len(chunk))} "
-            "ON CONFLICT DO NOTHING RETURNING job_id, rank, incarnation, seq",
-            params,
+            f"INSERT INTO ingest_batches ({_CLAIM_COLUMNS}) VALUES {values}{_CLAIM_RETURNING}",
+            tuple(v for row in chunk for v in row),
         )
         claimed.update(tuple(r) for r in result)
     return claimed

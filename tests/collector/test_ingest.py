@@ -442,3 +442,52 @@ def test_a_bad_source_mesh_is_named_and_nothing_is_stored(
     assert resp.status_code == 422
     assert message in resp.json()["detail"]
     assert set(stored_counts(server, "job-a").values()) == {0}
+
+
+ACCEPTED = {"steps": 3, "collectives": 2, "gpu": 2, "events": 1}
+
+
+def test_a_node_bundle_stores_each_batch_and_answers_each_in_order(server: RunningServer) -> None:
+    """`stepscope run`'s relay: one request for a node's ranks; a bad batch is rejected alone."""
+    bad = make_batch(rank=2)
+    bad["steps"]["data_s"][1] = -1.0
+    stored_before = make_batch(rank=4)
+    assert post(server, stored_before).status_code == 200
+    bundle = {"batches": [make_batch(rank=1), bad, make_batch(rank=3), stored_before]}
+    resp = post(server, bundle, gzip_body=True)
+    assert resp.status_code == 200
+    assert resp.json() == {
+        "results": [
+            {"status": 200, "accepted": ACCEPTED, "duplicate": False},
+            {"status": 422, "detail": "steps.data_s must not be negative"},
+            {"status": 200, "accepted": ACCEPTED, "duplicate": False},
+            {"status": 200, "accepted": ACCEPTED, "duplicate": True},
+        ]
+    }
+    steps = read_rows(server.db_url, "steps", "job-a")
+    assert sorted({(r["rank"], r["step"]) for r in steps}) == [
+        (rank, step) for rank in (1, 3, 4) for step in (10, 11, 12)
+    ]
+    batches = read_rows(server.db_url, "ingest_batches", "job-a")
+    assert sorted(b["rank"] for b in batches) == [1, 3, 4]
+    # The rejected rank's corrected batch is stored under the same seq.
+    assert post(server, {"batches": [make_batch(rank=2)]}).json()["results"][0]["status"] == 200
+    assert stored_counts(server, "job-a")["steps"] == 12
+
+
+@pytest.mark.parametrize(
+    ("bundle", "status", "detail"),
+    [
+        ({"batches": []}, 422, "batches must be a non-empty list"),
+        ({"batches": "all"}, 422, "batches must be a non-empty list"),
+        ({"batches": [make_batch()], "seq": 1}, 422, "unknown field(s): seq"),
+        ({"batches": [make_batch(seq=s) for s in range(1025)]}, 413, "more than 1024"),
+    ],
+)
+def test_a_malformed_bundle_is_refused_whole(
+    server: RunningServer, bundle: dict[str, Any], status: int, detail: str
+) -> None:
+    resp = post(server, bundle)
+    assert resp.status_code == status
+    assert detail in resp.json()["detail"]
+    assert set(stored_counts(server, "job-a").values()) == {0}
