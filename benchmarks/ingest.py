@@ -8,7 +8,9 @@
    The limit is printed twice: in one transaction per batch (the same write pattern) and
    in one transaction for everything (the physical ceiling).
 2. Sustained: a --sustained-ranks job training at 1 step/s, each rank flushing every
-   --flush-steps steps; prints whether the server keeps up (achieved steps/s, lag).
+   --flush-steps steps (default: the profiler's flush interval for the job's size), once with
+   a request per rank and once with a bundle per node of 8 ranks (`stepscope run`'s node
+   relay); prints whether the server keeps up (lag), its CPU per interval, PostgreSQL's.
 
 The HTTP client is a minimal asyncio HTTP/1.1 client so that, on this one machine, it
 takes as little CPU from the server as possible.
@@ -30,6 +32,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
+from stepscope.profiler.config import default_flush_interval_s  # noqa: E402
 from stepscope.profiler.node_relay import bundle_body  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
@@ -122,6 +125,21 @@ async def post_rounds(
     return elapsed, rows, lags
 
 
+def postgres_cpu_s() -> float:
+    """CPU seconds used so far by this machine's running PostgreSQL processes (Linux; 0 when
+    there are none, as on SQLite's runs)."""
+    total_ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, _, rest = stat.read_text().partition(") ")
+        except OSError:  # the process ended
+            continue
+        if name.endswith("(postgres"):
+            fields = rest.split()
+            total_ticks += int(fields[11]) + int(fields[12])
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def raw_insert_rates(db_url: str, rounds: list[list[bytes]]) -> tuple[float, float]:
     """Rows/s of the same rows bulk-inserted directly: (per-batch transactions, one transaction)."""
     sections = [
@@ -189,7 +207,7 @@ def bench_engine(name: str, db_url: str, args: argparse.Namespace) -> None:
 
 
 def bench_burst(name: str, db_url: str, args: argparse.Namespace) -> None:
-    rounds = job_rounds(args.ranks, args.steps, args.flush_steps)
+    rounds = job_rounds(args.ranks, args.steps, args.flush_steps or 10)
     num_batches = sum(len(r) for r in rounds)
     with run_server(db_url) as server:
         elapsed, rows, _ = asyncio.run(post_rounds(server.port, rounds, 0.0))
@@ -201,7 +219,7 @@ def bench_burst(name: str, db_url: str, args: argparse.Namespace) -> None:
         per_batch, single = raw_insert_rates(raw_db, rounds)
     print(
         f"\n[{name}] burst: {args.ranks} ranks x {args.steps} steps, {num_batches} batches "
-        f"of {args.flush_steps} steps, {rows} rows"
+        f"of {args.flush_steps or 10} steps, {rows} rows"
     )
     print(
         f"  HTTP ingest (gzip+validation+idempotency): {http_rate:>10,.0f} rows/s "
@@ -218,16 +236,20 @@ def bench_burst(name: str, db_url: str, args: argparse.Namespace) -> None:
 
 
 def bench_sustained(db_url: str, args: argparse.Namespace) -> None:
+    # At 1 step/s, the profiler's default flush interval for the job's size, in steps.
+    flush_steps = args.flush_steps or round(default_flush_interval_s(args.sustained_ranks))
     for node_ranks in args.node_ranks:  # a new job each time
         started = time.perf_counter()
-        rounds = job_rounds(args.sustained_ranks, args.sustained_steps, args.flush_steps)
+        rounds = job_rounds(args.sustained_ranks, args.sustained_steps, flush_steps)
         made_s = time.perf_counter() - started
-        sustained(db_url, args, node_bundles(rounds, node_ranks), made_s, node_ranks)
+        bundled = node_bundles(rounds, node_ranks)
+        sustained(db_url, args.sustained_ranks, flush_steps, bundled, made_s, node_ranks)
 
 
 def sustained(
     db_url: str,
-    args: argparse.Namespace,
+    num_ranks: int,
+    flush_steps: int,
     rounds: list[list[bytes]],
     made_s: float,
     node_ranks: int,
@@ -235,22 +257,25 @@ def sustained(
     latencies_s: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         with ServerProcess(db_url, log_path=Path(tmp) / "server.log") as server:
-            cpu_before_s = server.cpu_s()
+            cpu_before_s, pg_before_s = server.cpu_s(), postgres_cpu_s()
+            client_before_s = time.process_time()
             elapsed, rows, lags = asyncio.run(
-                post_rounds(server.port, rounds, args.flush_steps, latencies_s=latencies_s)
+                post_rounds(server.port, rounds, flush_steps, latencies_s=latencies_s)
             )
             server_cpu_s = server.cpu_s() - cpu_before_s
+            pg_cpu_s = postgres_cpu_s() - pg_before_s
+            client_cpu_s = time.process_time() - client_before_s
             peak_rss_bytes = server.peak_rss_bytes()
-    trained_s = args.sustained_steps  # 1 step/s
-    keeps_up = max(lags) < args.flush_steps
-    busy = sum(lags) / len(lags) / args.flush_steps
+    trained_s = len(rounds) * flush_steps  # 1 step/s
+    keeps_up = max(lags) < flush_steps
+    busy = sum(lags) / len(lags) / flush_steps
     latencies_s.sort()
     p50_s = latencies_s[len(latencies_s) // 2]
     p99_s = latencies_s[min(len(latencies_s) - 1, int(len(latencies_s) * 0.99))]
     sender = "one request per rank" if node_ranks == 1 else f"a bundle per node of {node_ranks}"
     print(
-        f"  sustained, {sender}: {args.sustained_ranks} ranks at 1 step/s, flush every "
-        f"{args.flush_steps} steps ({len(rounds)} rounds of {len(rounds[0])} requests, made "
+        f"  sustained, {sender}: {num_ranks} ranks at 1 step/s, flush every "
+        f"{flush_steps} steps ({len(rounds)} rounds of {len(rounds[0])} requests, made "
         f"in {made_s:.1f} s): "
         f"{rows} rows over {elapsed:.1f} s for {trained_s} s of training; "
         f"round lag max {max(lags):.2f} s, mean {sum(lags) / len(lags):.2f} s -> "
@@ -258,10 +283,13 @@ def sustained(
     )
     # On a shared machine the wall-clock share says as much about the neighbours as about the
     # server; its own CPU time per interval does not.
-    cpu_busy = server_cpu_s / (len(rounds) * args.flush_steps)
+    cpu_busy = server_cpu_s / (len(rounds) * flush_steps)
+    interval_s = len(rounds) * flush_steps
     print(
         f"  server CPU {server_cpu_s:.1f} s for {len(rounds)} rounds: {cpu_busy:.0%} of one core "
-        f"per flush interval (goal <= 50%); load average {os.getloadavg()[0]:.1f} on "
+        f"per flush interval (goal <= 50%); beside it on this machine: PostgreSQL "
+        f"{pg_cpu_s / interval_s:.0%}, the simulated ranks (this process) "
+        f"{client_cpu_s / interval_s:.0%}; load average {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} CPUs"
     )
     print(
@@ -306,8 +334,10 @@ def main() -> None:
     parser.add_argument(
         "--flush-steps",
         type=int,
-        default=10,
-        help="steps per batch; at 1 step/s this is the flush interval in s",
+        default=None,
+        help="steps per batch; at 1 step/s this is the flush interval in s (default: 10 in the "
+        "burst; in the sustained run the profiler's default for the job's size, 30 at 16,384 "
+        "ranks)",
     )
     parser.add_argument("--sustained-ranks", type=int, default=4096)
     parser.add_argument("--sustained-steps", type=int, default=60)
@@ -332,7 +362,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.path_costs:
         with fresh_postgres_database() as url:
-            path_costs(url, args.path_costs, args.flush_steps)
+            path_costs(url, args.path_costs, args.flush_steps or 10)
         return
     for name in args.engines.split(","):
         if name == "sqlite":

@@ -556,3 +556,19 @@ class IngestResultRead(BaseModel):
 
     accepted: dict[str, int] = Field(description="rows stored per section")
     duplicate: bool
+
+
+class IngestBundleItemRead(BaseModel):
+    """One batch of a node's bundle: stored (200, as IngestResultRead) or rejected alone (4xx,
+    with the detail it would get on its own)."""
+
+    status: int = Field(description="the HTTP status of this batch: 200, or a 4xx")
+    accepted: dict[str, int] | None = Field(None, description="rows stored per section")
+    duplicate: bool | None = None
+    detail: str | None = Field(None, description="what is wrong with the batch")
+
+
+class IngestBundleResultRead(BaseModel):
+    """A node's bundle: one result per batch, in the order of the bundle."""
+
+    results: list[IngestBundleItemRead]

@@ -13,8 +13,13 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from stepscope import schema
-from stepscope.api.schemas import ErrorRead, IngestResultRead
-from stepscope.collector.validate import MAX_MESH_DIMS, MAX_ROWS_PER_SECTION
+from stepscope.api.schemas import (
+    ErrorRead,
+    IngestBundleItemRead,
+    IngestBundleResultRead,
+    IngestResultRead,
+)
+from stepscope.collector.validate import MAX_BUNDLE_BATCHES, MAX_MESH_DIMS, MAX_ROWS_PER_SECTION
 from stepscope.schema import MAX_ID_CHARS
 
 _PYTHON_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "json": dict[str, Any]}
@@ -122,15 +127,33 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     )
     components.update(batch.pop("$defs", {}))
     components["IngestBatch"] = batch
-    for model in (IngestResultRead, ErrorRead):
+    components["IngestBundle"] = {
+        "title": "IngestBundle",
+        "description": "A node's batches in one request (stepscope run's node relay); each is "
+        "stored whole or rejected alone.",
+        "type": "object",
+        "properties": {
+            "batches": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/IngestBatch"},
+                "minItems": 1,
+                "maxItems": MAX_BUNDLE_BATCHES,
+            }
+        },
+        "required": ["batches"],
+        "additionalProperties": False,
+    }
+    for model in (IngestResultRead, IngestBundleItemRead, IngestBundleResultRead, ErrorRead):
         components[model.__name__] = model.model_json_schema(
             ref_template="#/components/schemas/{model}"
         )
     doc["paths"]["/v1/ingest"] = {
         "post": {
             "tags": ["collector"],
-            "summary": "Ingest a batch",
-            "description": "Store one rank's batch of records, whole or not at all (scope ingest).",
+            "summary": "Ingest a batch, or a node's bundle of batches",
+            "description": "Store one rank's batch of records, whole or not at all; or a node's "
+            "bundle, each batch stored whole or rejected alone, with one result per batch in "
+            "order (scope ingest).",
             "operationId": "ingest_v1_ingest_post",
             "security": [{"HTTPBearer": []}],
             "parameters": [
@@ -144,15 +167,28 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}
+                    "application/json": {
+                        "schema": {
+                            "oneOf": [
+                                {"$ref": "#/components/schemas/IngestBatch"},
+                                {"$ref": "#/components/schemas/IngestBundle"},
+                            ]
+                        }
+                    }
                 },
             },
             "responses": {
                 "200": {
-                    "description": "Stored (or recognised as a resend)",
+                    "description": "Stored (or recognised as a resend); for a bundle, each "
+                    "batch's result",
                     "content": {
                         "application/json": {
-                            "schema": {"$ref": "#/components/schemas/IngestResultRead"}
+                            "schema": {
+                                "oneOf": [
+                                    {"$ref": "#/components/schemas/IngestResultRead"},
+                                    {"$ref": "#/components/schemas/IngestBundleResultRead"},
+                                ]
+                            }
                         }
                     },
                 },

@@ -44,12 +44,12 @@ def insert_ignoring_duplicates(
     """Insert rows given as columns; rows whose natural key is already stored are skipped."""
     columns = [c for c in table.columns if c.name in values]
     names = [c.name for c in columns]
-    rows = list(zip(*(values[n] for n in names), strict=True))
+    rows = zip(*(values[n] for n in names), strict=True)
     quoted = ", ".join(f'"{n}"' for n in names)
     if conn.dialect.name == "sqlite":
         placeholders = ", ".join("?" for _ in names)
         conn.exec_driver_sql(
-            f'INSERT OR IGNORE INTO "{table.name}" ({quoted}) VALUES ({placeholders})', rows
+            f'INSERT OR IGNORE INTO "{table.name}" ({quoted}) VALUES ({placeholders})', list(rows)
         )
         return
     stage = f"_stage_{table.name}"
@@ -171,6 +171,14 @@ class _Pending:
     outcomes: _Outcomes = field(default_factory=lambda: _Outcomes(1))
     index: int = 0
     """This batch's place among its outcomes."""
+    counts: dict[str, int] = field(init=False)
+    """Rows per record table."""
+
+    def __post_init__(self) -> None:
+        self.counts = {
+            name: len(self.sections[name]["rank"]) if name in self.sections else 0
+            for name in tables.RECORD_TABLES
+        }
 
     def settle(self, outcome: WriteResult | BaseException) -> None:
         self.outcomes.settle(self.index, outcome)
@@ -183,25 +191,18 @@ class _Pending:
     @property
     def extent(self) -> tuple[int | None, int | None, float | None, float | None]:
         """Smallest and largest step (steps, collectives) and GPU sample time of the batch."""
-        step = [
-            s
+        steps = [
+            column
             for name in ("steps", "collectives")
-            for s in self.sections.get(name, {}).get("step", ())
+            if (column := self.sections.get(name, {}).get("step"))
         ]
         ts = self.sections.get("gpu", {}).get("ts") or []
         return (
-            min(step) if step else None,
-            max(step) if step else None,
+            min(map(min, steps)) if steps else None,
+            max(map(max, steps)) if steps else None,
             min(ts) if ts else None,
             max(ts) if ts else None,
         )
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return {
-            name: len(self.sections[name]["rank"]) if name in self.sections else 0
-            for name in tables.RECORD_TABLES
-        }
 
 
 class BatchWriter:
@@ -370,7 +371,7 @@ def _filled_columns(fresh: list[_Pending]) -> list[dict[str, str]]:
             table_name = tables.RECORD_TABLES[name].name
             for column in tables.OPTIONAL_COLUMNS[name]:
                 values = section.get(column)
-                if values is not None and any(v is not None for v in values):
+                if values is not None and values.count(None) != len(values):
                     filled.add((pending.job["job_id"], table_name, column))
     return [
         {"job_id": job_id, "table_name": table_name, "column_name": column}

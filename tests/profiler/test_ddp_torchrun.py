@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +25,19 @@ WIDTH = 256
 
 
 def torchrun(
-    nproc: int, *args: str, wait: bool = True, stepscope_env: dict[str, str] | None = None
+    nproc: int,
+    *args: str,
+    wait: bool = True,
+    stepscope_env: dict[str, str] | None = None,
+    launcher: Sequence[str] = (),
 ) -> Any:
-    """Run (or start) the example under torchrun with only the given STEPSCOPE_* variables."""
+    """Run (or start) the example under torchrun with only the given STEPSCOPE_* variables
+    (under `launcher`, e.g. `stepscope run --`, when given)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
     env.update(stepscope_env or {})
     env["OMP_NUM_THREADS"] = "1"
     cmd = [
+        *launcher,
         require_torchrun(),
         "--standalone",
         f"--nproc_per_node={nproc}",

@@ -106,8 +106,14 @@ def test_the_document_describes_ingest_and_every_api_route(live_server: Any) -> 
     steps = doc["components"]["schemas"]["WireStepsColumns"]
     assert set(steps["required"]) == {"step", "ts", "step_s", "data_s"}
     assert ingest["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/IngestBatch"
+        "oneOf": [
+            {"$ref": "#/components/schemas/IngestBatch"},
+            {"$ref": "#/components/schemas/IngestBundle"},
+        ]
     }
+    bundle = doc["components"]["schemas"]["IngestBundle"]
+    assert bundle["properties"]["batches"]["items"] == {"$ref": "#/components/schemas/IngestBatch"}
+    assert bundle["properties"]["batches"]["maxItems"] == 1024
     assert {"200", "401", "403", "413", "415", "422"} <= set(ingest["responses"])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     for path, item in doc["paths"].items():

@@ -4,6 +4,8 @@ every acknowledged batch stored once, the rest resent, the job unharmed."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,16 +27,26 @@ def _num_stored(db_url: str, job_id: str) -> int:
         return 0
 
 
-def test_a_server_killed_mid_job_and_restarted_stores_every_row_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("node_relay", [False, True], ids=["rank-posts", "stepscope-run-relay"])
+def test_a_server_killed_mid_job_and_restarted_stores_every_row_once(
+    tmp_path: Path, node_relay: bool
+) -> None:
+    """Each rank posting itself, and the ranks posting through `stepscope run`'s node relay."""
     job_id, out = "killed-server", tmp_path / "out"
     server = ServerProcess(f"sqlite:///{tmp_path / 'stepscope.db'}", log_path=tmp_path / "log")
     server.start()
+    env = {"STEPSCOPE_BACKOFF_MAX_S": "1"}
+    launcher: list[str] = []
+    if node_relay:
+        env["STEPSCOPE_URL"] = server.url
+        launcher = [sys.executable, "-m", "stepscope.cli", "run", "--job-id", job_id, "--"]
     proc = torchrun(
         NUM_RANKS,
         *("--url", server.url, "--job-id", job_id, "--steps", str(NUM_STEPS)),
         *("--step-sleep-s", "0.02", "--flush-interval-s", "0.2", "--out", str(out)),
         wait=False,
-        stepscope_env={"STEPSCOPE_BACKOFF_MAX_S": "1"},
+        stepscope_env=env,
+        launcher=launcher,
     )
     try:
         deadline = time.monotonic() + 90
@@ -74,3 +86,9 @@ def test_a_server_killed_mid_job_and_restarted_stores_every_row_once(tmp_path: P
         stored_rows = sum(b["num_steps"] for b in batches if b["rank"] == rank)
         assert stored_rows == summary["steps_sent"] == NUM_STEPS
     assert "Traceback" not in server.log(), server.log()[-3000:]
+    if node_relay:  # the node's batches went in fewer requests than there were batches
+        relayed = re.search(r"the node relay sent (\d+) batches .* in (\d+) requests", output)
+        assert relayed is not None, output[-2000:]
+        num_batches, num_requests = int(relayed[1]), int(relayed[2])
+        assert num_batches >= sum(s["batches_sent"] for s in summaries)
+        assert num_requests < num_batches
