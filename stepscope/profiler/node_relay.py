@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 log = logging.getLogger(__name__)
 
 INGEST_PATH = "/v1/ingest"
+_REFUSED_FOR_ANY_BATCH = (401, 403, 408, 429)
+"""Refusals of a bundle that each of its batches would get alone (the token, the load)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,10 @@ class RelayStats:
     """Batches the ranks posted."""
     num_requests: int = 0
     """Requests sent to the collector (bundles, and batches passed on alone)."""
+
+
+class _BundleRefused(Exception):
+    """The collector refused a bundle as a whole for what its batches hold (e.g. 413)."""
 
 
 @dataclass(slots=True)
@@ -130,14 +136,17 @@ class NodeRelay:
         return bundle.answers[index]
 
     def _send(self, bundle: _Bundle) -> None:
+        auth = bundle.authorization
         try:
-            bundle.answers = self._post(
-                bundle_body(bundle.documents),
-                "gzip",
-                bundle.authorization,
-                len(bundle.documents),
-                bundle=True,
-            )
+            try:
+                bundle.answers = self._post(
+                    bundle_body(bundle.documents), "gzip", auth, len(bundle.documents), bundle=True
+                )
+            except _BundleRefused:  # no batch may fail for sharing a request: each goes alone
+                bundle.answers = [
+                    self._post(gzip.compress(document), "gzip", auth, 1)[0]
+                    for document in bundle.documents
+                ]
         except Exception as exc:  # a relay bug must not leave its ranks waiting
             log.exception("stepscope node relay could not send a bundle")
             bundle.answers = [_unreachable(exc)] * len(bundle.documents)
@@ -166,6 +175,8 @@ class NodeRelay:
             with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
                 answer = response.read()
         except urllib.error.HTTPError as exc:  # the request as a whole: each batch is told
+            if bundle and 400 <= exc.code < 500 and exc.code not in _REFUSED_FOR_ANY_BATCH:
+                raise _BundleRefused(exc.code) from exc
             failed = Answer(exc.code, exc.read(), exc.headers.get("Retry-After"))
             return [failed] * num_batches
         except (OSError, ValueError) as exc:
@@ -205,7 +216,8 @@ def _unreachable(exc: BaseException) -> Answer:
 
 
 def _json_document(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes | None:
-    """The batch's JSON text, if the relay can put it in a bundle."""
+    """The batch's JSON text, if the relay can put it in a bundle: an object in strict JSON
+    (one that is not would make the collector refuse the whole bundle)."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "gzip":
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
@@ -217,8 +229,15 @@ def _json_document(body: bytes, content_encoding: str | None, max_bytes: int) ->
             return None
     elif encoding != "identity" or len(body) >= max_bytes:
         return None
-    stripped = body.strip()
-    return stripped if stripped.startswith(b"{") and stripped.endswith(b"}") else None
+    try:
+        document = json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        return None
+    return body.strip() if isinstance(document, dict) else None
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _handler(relay: NodeRelay) -> type[BaseHTTPRequestHandler]:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.collector.validate import BatchError, decode_body, parse_batch
+from stepscope.collector.validate import BatchError, decode_body, parse_batch, parse_document
 from stepscope.store import tables
 from stepscope.store.engine import make_engine
 from stepscope.store.writer import BatchWriter
@@ -167,3 +167,61 @@ def test_a_fuzzed_batch_is_rejected_whole_with_a_4xx_or_stored_right(writer: Bat
     check()
     assert outcomes["rejected"] > 100
     assert outcomes["stored"] > 100
+
+
+def test_a_fuzzed_bundle_treats_each_batch_as_it_would_be_alone(writer: BatchWriter) -> None:
+    """A node's bundle is refused whole (a 4xx: not JSON, NaN anywhere), or each batch gets
+    the verdict it gets alone; only the valid ones are stored, each whole (the claims grow by
+    exactly their number)."""
+    outcomes = {"refused whole": 0, "batch by batch": 0}
+
+    @settings(
+        max_examples=NUM_EXAMPLES // 4,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(docs=st.lists(wire_batches(), min_size=1, max_size=4))
+    def check(docs: list[dict[str, Any]]) -> None:
+        body = json.dumps({"batches": docs}, allow_nan=True).encode()
+        try:
+            parsed = parse_document(
+                decode_body(body, content_encoding=None, max_bytes=MAX_BODY_BYTES)
+            )
+        except BatchError as exc:
+            parsed = exc
+        if isinstance(parsed, BatchError):
+            assert 400 <= parsed.status < 500
+            outcomes["refused whole"] += 1
+            return
+        outcomes["batch by batch"] += 1
+        assert isinstance(parsed, list)
+        assert len(parsed) == len(docs)
+        for doc, item in zip(docs, parsed, strict=True):
+            alone = json.loads(json.dumps(doc, allow_nan=True))
+            try:
+                expected: Any = parse_batch(alone)
+            except BatchError as exc:
+                expected = exc
+            if isinstance(expected, BatchError):
+                assert isinstance(item, BatchError)
+                assert (item.status, str(item)) == (expected.status, str(expected))
+            else:
+                assert item == expected
+        valid = [b for b in parsed if not isinstance(b, BatchError)]
+        before = _counts(writer.engine)
+        results = writer.submit(
+            [
+                {"job": b.job, "source": b.source, "seq": b.seq, "sections": b.sections}
+                for b in valid
+            ]
+        ).result()
+        fresh = {
+            (b.job["job_id"], b.source["rank"], b.source["incarnation"], b.seq)
+            for b, result in zip(valid, results, strict=True)
+            if not result.duplicate
+        }
+        assert _counts(writer.engine)["ingest_batches"] == before["ingest_batches"] + len(fresh)
+
+    check()
+    assert outcomes["batch by batch"] > 100

@@ -20,7 +20,7 @@ from stepscope.profiler.launcher import launch
 from stepscope.profiler.node_relay import NodeRelay
 from stepscope.profiler.shipper import node_slot_wait_s
 from tests.collector.test_ingest import make_batch
-from tests.live_server import RunningServer, free_port, post_batch, read_rows
+from tests.live_server import RunningServer, free_port, post_batch, read_rows, run_server
 from tests.profiler.http_sink import http_sink
 from tests.profiler.test_shipper import build, step_row
 
@@ -90,6 +90,24 @@ def test_the_collector_s_answer_to_the_whole_request_reaches_every_rank() -> Non
         relay.stop()
     assert [(status, answer["retry"]) for status, answer in answers] == [(503, "7")] * 3
     assert relay.stats.num_requests == 1
+
+
+def test_no_batch_fails_for_sharing_a_request_with_another() -> None:
+    """A body that is not strict JSON goes alone; a bundle the collector refuses whole for its
+    size (413 here: 3,000 bytes at most) is sent again batch by batch."""
+    with run_server(env={"STEPSCOPE_MAX_BODY_BYTES": "3000"}) as server:
+        relay = NodeRelay(server.url, window_s=30.0, max_bundle_batches=3)
+        relay.start()
+        nan = json.dumps(make_batch(rank=9)).replace("0.52", "NaN")
+        not_json = relay.relay(nan.encode(), content_encoding=None, authorization=None)
+        answers = post_together(relay.url, [make_batch(rank=r) for r in range(3)])
+        relay.stop()
+        steps = read_rows(server.db_url, "steps", "job-a")
+    assert not_json.status == 422
+    assert b"NaN" in not_json.body
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert relay.stats.num_requests == 1 + 1 + 3  # the NaN batch, the bundle, each batch
+    assert sorted({r["rank"] for r in steps}) == [0, 1, 2]
 
 
 def test_a_collector_that_cannot_be_reached_is_a_502_each_rank_retries() -> None:
