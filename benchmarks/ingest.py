@@ -285,11 +285,13 @@ def sustained(
     # server; its own CPU time per interval does not.
     cpu_busy = server_cpu_s / (len(rounds) * flush_steps)
     interval_s = len(rounds) * flush_steps
+    on_postgres = db_url.startswith("postgresql")
+    postgres = f"PostgreSQL {pg_cpu_s / interval_s:.0%}, " if on_postgres else ""
     print(
         f"  server CPU {server_cpu_s:.1f} s for {len(rounds)} rounds: {cpu_busy:.0%} of one core "
-        f"per flush interval (goal <= 50%); beside it on this machine: PostgreSQL "
-        f"{pg_cpu_s / interval_s:.0%}, the simulated ranks (this process) "
-        f"{client_cpu_s / interval_s:.0%}; load average {os.getloadavg()[0]:.1f} on "
+        f"per flush interval (goal <= 50%); beside it on this machine: {postgres}the simulated "
+        f"ranks (this process) {client_cpu_s / interval_s:.0%}; load average "
+        f"{os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} CPUs"
     )
     print(
