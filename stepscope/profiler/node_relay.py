@@ -175,7 +175,8 @@ class NodeRelay:
             with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
                 answer = response.read()
         except urllib.error.HTTPError as exc:  # the request as a whole: each batch is told
-            if bundle and 400 <= exc.code < 500 and exc.code not in _REFUSED_FOR_ANY_BATCH:
+            refused_for_content = 400 <= exc.code < 500 and exc.code not in _REFUSED_FOR_ANY_BATCH
+            if bundle and num_batches > 1 and refused_for_content:
                 raise _BundleRefused(exc.code) from exc
             failed = Answer(exc.code, exc.read(), exc.headers.get("Retry-After"))
             return [failed] * num_batches
