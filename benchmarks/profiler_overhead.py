@@ -26,11 +26,14 @@ Alternating segments. Per parallelism, one pair of rank processes trains segment
 every mode (a fresh profiler, started and closed outside the measured steps, for each
 profiled one) in a random order, round after round, so that each round's segments share the
 machine's load of the moment; the same figures come from the paired rounds. The same is run
-on a tiny model of the same depth (the same collectives per step, a ~1 ms step): its paired
-difference in mean step time, profiled less plain, is the profiler's cost per step in µs
-(every periodic cost in it, its threads' included) with a tight interval, and that cost over
-the ~10 ms plain step is the overhead estimate that the goal is judged on where the direct
-ratio's interval is wider than the goal.
+on a tiny model of the same depth (the same collectives per step; DDP's step is ~1 ms,
+FSDP2's stays near its ~10 ms, bound by gloo's latency): its paired difference in mean step
+time, profiled less plain, is the profiler's cost per step in µs (every periodic cost in it,
+its threads' included), and that cost over the ~10 ms plain step is a second estimate of the
+overhead.
+
+A verdict says "not resolved here" when its A/A interval is wider than +-the goal: on a
+shared machine under load, no figure can then show the goal met or missed.
 
 The per-step cost on a tiny model, both comm_timing levels and the bare comm-hook floor
 (in one process) are in profiler_cost.py; the tap's cost per collective in collective_tap.py.
@@ -273,24 +276,35 @@ def print_phase(title: str, phase: Phase) -> None:
         )
 
 
+def verdict(median_pct: float, high_pct: float, aa_low_pct: float, aa_high_pct: float) -> str:
+    """The goal's verdict on an overhead in %, honest about an A/A control wider than it."""
+    if aa_high_pct - aa_low_pct > 2 * GOAL_OVERHEAD_PCT:
+        return "not resolved here (the A/A interval is wider than +-the goal)"
+    if high_pct <= GOAL_OVERHEAD_PCT:
+        return "met"
+    if median_pct <= GOAL_OVERHEAD_PCT:
+        return "met by the median, not by the CI's upper end"
+    return "NOT met"
+
+
 def print_summary(name: str, phase: Phase) -> None:
-    ratio, low, high = median_ci(phase.ratios("profiled", "median_s"))
-    aa, aa_low, aa_high = median_ci(phase.ratios("plain_b", "median_s"))
-    verdict = "met" if (ratio - 1) * 100 <= GOAL_OVERHEAD_PCT else "NOT met"
-    if verdict == "met" and (high - 1) * 100 > GOAL_OVERHEAD_PCT:
-        verdict = "met by the median, not by the CI's upper end"
-    print(
-        f"{name + ' overhead:':16} {pct(ratio)} % [95 % CI {pct(low)} .. {pct(high)}]; "
-        f"A/A {pct(aa)} % [{pct(aa_low)} .. {pct(aa_high)}]; "
-        f"goal <= {GOAL_OVERHEAD_PCT:.0f} %: {verdict}"
+    ratio, low, high = (
+        (value - 1) * 100 for value in median_ci(phase.ratios("profiled", "median_s"))
     )
-    cpu_pct, cpu_low, cpu_high = median_ci(phase.cpu_share_pct("profiled", "process_cpu_s"))
-    aa_pct, aa_low, aa_high = median_ci(phase.cpu_share_pct("plain_b", "process_cpu_s"))
-    verdict = "met" if cpu_high <= GOAL_OVERHEAD_PCT else "NOT met by the CI's upper end"
+    aa, aa_low, aa_high = (
+        (value - 1) * 100 for value in median_ci(phase.ratios("plain_b", "median_s"))
+    )
     print(
-        f"{name + ' CPU:':16} {cpu_pct:+.2f} % [95 % CI {cpu_low:+.2f} .. {cpu_high:+.2f}] of the "
-        f"plain step; A/A {aa_pct:+.2f} % [{aa_low:+.2f} .. {aa_high:+.2f}]; "
-        f"goal <= {GOAL_OVERHEAD_PCT:.0f} %: {verdict}"
+        f"{name + ' overhead:':16} {ratio:+.2f} % [95 % CI {low:+.2f} .. {high:+.2f}]; "
+        f"A/A {aa:+.2f} % [{aa_low:+.2f} .. {aa_high:+.2f}]; "
+        f"goal <= {GOAL_OVERHEAD_PCT:.0f} %: {verdict(ratio, high, aa_low, aa_high)}"
+    )
+    cpu, cpu_low, cpu_high = median_ci(phase.cpu_share_pct("profiled", "process_cpu_s"))
+    aa, aa_low, aa_high = median_ci(phase.cpu_share_pct("plain_b", "process_cpu_s"))
+    print(
+        f"{name + ' CPU:':16} {cpu:+.2f} % [95 % CI {cpu_low:+.2f} .. {cpu_high:+.2f}] of the "
+        f"plain step; A/A {aa:+.2f} % [{aa_low:+.2f} .. {aa_high:+.2f}]; "
+        f"goal <= {GOAL_OVERHEAD_PCT:.0f} %: {verdict(cpu, cpu_high, aa_low, aa_high)}"
     )
     background = phase.deltas_us("profiled", "background_cpu_s")
     aa_background = phase.deltas_us("plain_b", "background_cpu_s")
@@ -454,14 +468,14 @@ def print_cost(name: str, tiny: Phase, step_s: float) -> None:
     and its share of the ~10 ms step."""
     cost_us, low_us, high_us = median_ci(tiny.deltas_us("profiled", "mean_s"))
     aa_us, aa_low_us, aa_high_us = median_ci(tiny.deltas_us("plain_b", "mean_s"))
-    share_pct = [value * 1e-6 / step_s * 100 for value in (cost_us, low_us, high_us)]
-    verdict = "met" if share_pct[2] <= GOAL_OVERHEAD_PCT else "NOT met by the CI's upper end"
+    share, share_low, share_high = (v * 1e-6 / step_s * 100 for v in (cost_us, low_us, high_us))
+    aa_low, aa_high = (v * 1e-6 / step_s * 100 for v in (aa_low_us, aa_high_us))
     print(
         f"{name + ' cost:':16} {cost_us:+.1f} us per step [95 % CI {low_us:+.1f} .. "
         f"{high_us:+.1f}] on the tiny model (A/A {aa_us:+.1f} [{aa_low_us:+.1f} .. "
-        f"{aa_high_us:+.1f}]) = {share_pct[0]:+.2f} % [{share_pct[1]:+.2f} .. "
-        f"{share_pct[2]:+.2f}] of the {step_s * 1e3:.2f} ms plain step; "
-        f"goal <= {GOAL_OVERHEAD_PCT:.0f} %: {verdict}"
+        f"{aa_high_us:+.1f}]) = {share:+.2f} % [{share_low:+.2f} .. {share_high:+.2f}] of the "
+        f"{step_s * 1e3:.2f} ms plain step; goal <= {GOAL_OVERHEAD_PCT:.0f} %: "
+        f"{verdict(share, share_high, aa_low, aa_high)}"
     )
 
 
