@@ -1,30 +1,37 @@
 """Cost per collective call of each layer of the collective tap (stepscope.profiler.tap).
 
-One process, one rank of a 2-rank "fake" process group (its collectives complete at once
-and cost next to nothing, so the tap's own time stands out), and a 1-rank gloo group for
-comparison (a real backend's Work and future; run in a child process of its own). The calls:
+One process, one rank of a 2-rank "fake" process group (its collectives complete at once in
+the calling thread: no backend thread, so the figures are steady and the tap's own time stands
+out), and a 1-rank gloo group (a real backend's Work and future, whose worker thread makes
+each wait race the transfer; run in a child process of its own). The calls:
 
     sync           dist.all_reduce of a small tensor (ProcessGroup layer + its wait)
-    async          dist.all_reduce(async_op=True).wait() (ProcessGroup layer + Work.wait)
+    async          Work.wait(dist.all_reduce(async_op=True)) (ProcessGroup layer + Work.wait)
     functional     _c10d_functional.all_reduce + wait_tensor (the BackendSelect layer)
     funcol         funcol.all_reduce(...).wait() (DTensor's path to the BackendSelect layer)
-    all_gather     dist.all_gather_single(async_op=True).wait() (FSDP2's unshard)
-    reduce_scatter dist.reduce_scatter_single(async_op=True).wait() (FSDP2's gradients)
+    all_gather     Work.wait(dist.all_gather_single(async_op=True)) (FSDP2's unshard)
+    reduce_scatter Work.wait(dist.reduce_scatter_single(async_op=True)) (FSDP2's gradients)
+
+Waits are `Work.wait(work)`: the fake backend's FakeWork has a wait of its own, which
+`work.wait()` would reach without the class-level Work.wait wrapper. Its synchronous
+all_reduce waits inside c10d through FakeWork's own wait (0 waits per call in the last
+column): the tap looks at that work at the next call instead.
 
 Arms, run in a random order in every round on the same calls:
 
     off            no tap
+    bare           pass-through Python wrappers and kernels where the tap puts its own: the
+                   floor of the mechanism (a Python frame per method call, an empty Python
+                   kernel on the dispatcher per functional op)
     tap            a CollectiveTap installed directly, records appended to a list
     step           stepscope.init(patch_collectives=False): the calls inside prof.step()
     step+tap       stepscope.init() (what users get): the same, with its tap
 
-"tap" is the per-layer cost; "step+tap" - "step" is what the tap costs a user, its share of
-turning records into rows at step ends included (the shipper's thread is not counted: thread
-CPU is the calling thread's). The fake backend's FakeWork defines a wait of its own, so the
-class-level Work.wait wrapper never sees its waits (0 waits per call in the last column):
-the gloo table is the one for the ProcessGroup layer with its wait. A figure is the median
-over rounds of the paired difference to its base, µs per call, with a bootstrap 95 %
-interval (wall time) and the same median in thread CPU time.
+"tap - off" is the per-layer cost, "tap - bare" the tap's own code above the floor;
+"step+tap - step" is what the tap costs a user, its share of turning records into rows at step
+ends included (the shipper's thread is not counted: thread CPU is the calling thread's). A
+figure is the median over rounds of the paired difference to its base, µs per call, with a
+bootstrap 95 % interval (wall time) and the same median in thread CPU time.
 
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/collective_tap.py
 """
@@ -45,11 +52,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch._C._distributed_c10d import ProcessGroup, Work
 
 import stepscope
 from stepscope.profiler.calls import CollectiveCall
 from stepscope.profiler.groups import GroupRegistry
-from stepscope.profiler.tap import CollectiveTap
+from stepscope.profiler.tap import (
+    FUNCOL_OPS,
+    PG_METHODS,
+    CollectiveTap,
+    KeysBelowBackendSelect,
+)
 from stepscope.profiler.timer import build_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,8 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profiler_cost import _Sink, median_ci  # noqa: E402
 
 GOAL_US_PER_CALL = 5.0
-ARMS = ("off", "tap", "step", "step+tap")
-BASE = {"tap": "off", "step+tap": "step"}
+ARMS = ("off", "bare", "tap", "step", "step+tap")
+BASE = {"bare": "off", "tap": "off", "step+tap": "step"}
 CALLS_PER_STEP = 8
 
 
@@ -76,14 +89,55 @@ def build_calls(backend: str) -> dict[str, Callable[[], Any]]:
     c10d = torch.ops._c10d_functional
     return {
         "sync": lambda: dist.all_reduce(tensor),
-        "async": lambda: dist.all_reduce(tensor, async_op=True).wait(),
+        "async": lambda: Work.wait(dist.all_reduce(tensor, async_op=True)),
         "functional": lambda: c10d.wait_tensor(c10d.all_reduce(tensor, "sum", name)),
         "funcol": lambda: funcol.all_reduce(tensor, "sum", group).wait(),
-        "all_gather": lambda: dist.all_gather_single(gathered, tensor, async_op=True).wait(),
-        "reduce_scatter": lambda: dist.reduce_scatter_single(
-            scattered, tensor, async_op=True
-        ).wait(),
+        "all_gather": lambda: Work.wait(dist.all_gather_single(gathered, tensor, async_op=True)),
+        "reduce_scatter": lambda: Work.wait(
+            dist.reduce_scatter_single(scattered, tensor, async_op=True)
+        ),
     }
+
+
+def install_bare() -> Callable[[], None]:
+    """Pass-through wrappers on the methods and empty kernels on the ops the tap takes; the
+    function that removes them."""
+    originals = {
+        name: ProcessGroup.__dict__[name] for name in PG_METHODS if name in ProcessGroup.__dict__
+    }
+    originals_wait = Work.__dict__["wait"]
+    for name, original in originals.items():
+        setattr(ProcessGroup, name, _pass_through(original))
+    setattr(Work, "wait", _pass_through(originals_wait))  # noqa: B010
+    library = torch.library.Library("_c10d_functional", "IMPL")
+    below = KeysBelowBackendSelect()
+    for name in [*FUNCOL_OPS, "wait_tensor"]:
+        packet = getattr(torch.ops._c10d_functional, name, None)
+        if packet is not None:
+            kernel = _empty_kernel(packet.default._handle.redispatch_boxed, below)
+            library.impl(name, kernel, "BackendSelect", with_keyset=True)
+
+    def remove() -> None:
+        for name, original in originals.items():
+            setattr(ProcessGroup, name, original)
+        setattr(Work, "wait", originals_wait)  # noqa: B010
+        library._destroy()
+
+    return remove
+
+
+def _pass_through(original: Any) -> Callable[..., Any]:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _empty_kernel(redispatch: Any, below: KeysBelowBackendSelect) -> Callable[..., Any]:
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        return redispatch(below[keyset.raw_repr()], *args, **kwargs)
+
+    return kernel
 
 
 def segment(
@@ -92,8 +146,11 @@ def segment(
     """Wall and thread-CPU seconds of `num_calls` calls under `arm`; calls and waits recorded."""
     records: list[CollectiveCall] = []
     tap = None
+    remove_bare = None
     prof: Any = None
-    if arm == "tap":
+    if arm == "bare":
+        remove_bare = install_bare()
+    elif arm == "tap":
         tap = CollectiveTap(clock=build_clock("cpu"), calls=records, groups=GroupRegistry())
         tap.install()
     elif arm.startswith("step"):
@@ -112,6 +169,8 @@ def segment(
                 for _ in range(CALLS_PER_STEP):
                     call()
     wall_s, cpu_s = time.perf_counter() - wall_start_s, time.thread_time() - cpu_start_s
+    if remove_bare is not None:
+        remove_bare()
     if tap is not None:
         tap.remove()
     if prof is not None:
@@ -172,12 +231,13 @@ def print_backend(backend: str, result: dict[str, Any], num_calls: int) -> dict[
         f"{num_calls} calls per segment"
     )
     print(
-        f"{'call':15} {'off':>6} {'tap - off: wall':>27} {'CPU':>7}   "
-        f"{'step+tap - step: wall':>27} {'CPU':>7}   recorded/waits per call"
+        f"{'call':15} {'off':>6} {'bare-off':>8} {'tap - off: wall':>27} {'CPU':>7} "
+        f"{'tap-bare':>8}   {'step+tap - step: wall':>27} {'CPU':>7}   recorded/waits per call"
     )
     missed: dict[str, list[str]] = {"tap": [], "step+tap": []}
     for name in wall_s:
         off_us = statistics.median(wall_s[name]["off"]) * 1e6
+        _, bare = delta_text(cpu_s[name], "bare")
         cells = []
         for arm in ("tap", "step+tap"):
             wall, _ = delta_text(wall_s[name], arm)
@@ -185,9 +245,12 @@ def print_backend(backend: str, result: dict[str, Any], num_calls: int) -> dict[
             cells.append(f"{wall:>27} {cpu:+7.2f}")
             if cpu > GOAL_US_PER_CALL:
                 missed[arm].append(name)
+        own = statistics.median(
+            (t - b) * 1e6 for t, b in zip(cpu_s[name]["tap"], cpu_s[name]["bare"], strict=True)
+        )
         num_records, num_waits = result["seen"][name]
         print(
-            f"{name:15} {off_us:6.1f} {cells[0]}   {cells[1]}   "
+            f"{name:15} {off_us:6.1f} {bare:+8.2f} {cells[0]} {own:+8.2f}   {cells[1]}   "
             f"{num_records / num_calls:.2f}/{num_waits / num_calls:.2f}"
         )
     return missed

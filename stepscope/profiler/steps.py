@@ -83,18 +83,28 @@ class StepRecord:
         if self.calls:
             done = [c for c in self.calls if c.end is not None and ready(c.end)]
         if done:
-            spans_s = [(between(self.base, c.start), between(self.base, c.end)) for c in done]
-            row["comm_s"] = round(union_s(spans_s), _DURATION_DIGITS)
-            comm_wait_s, ddp_wait_s = _comm_wait_s(done, spans_s, clock)
+            # Each call's offsets from the step's start and exposed wait, computed once.
+            times_s = [
+                (
+                    between(self.base, c.start),
+                    between(self.base, c.end),
+                    _waited_s(c.waits, clock) if c.waits else 0.0,
+                )
+                for c in done
+            ]
+            row["comm_s"] = round(union_s([(s, e) for s, e, _ in times_s]), _DURATION_DIGITS)
+            comm_wait_s, ddp_wait_s = _comm_wait_s(done, times_s)
             row["comm_wait_s"] = round(comm_wait_s, _DURATION_DIGITS)
         compute_s = max(0.0, self.step_s - self.data_s - comm_wait_s)
         row["compute_s"] = round(compute_s, _DURATION_DIGITS)
         row.update(self.values)
-        return row, _collective_rows(self.step, done, clock, mesh_dims, ddp_wait_s) if done else []
+        if not done:
+            return row, []
+        return row, _collective_rows(self.step, done, times_s, mesh_dims, ddp_wait_s)
 
 
 def _comm_wait_s(
-    calls: list[CollectiveCall], spans_s: list[tuple[float, float]], clock: Clock
+    calls: list[CollectiveCall], times_s: list[tuple[float, float, float]]
 ) -> tuple[float, float]:
     """Time this rank sat blocked on collectives, not overlapped by its own work (and the
     part of it that was DDP's).
@@ -106,39 +116,39 @@ def _comm_wait_s(
     """
     wait_s = 0.0
     last_ready_s = last_done_s = None
-    for call, (start_s, end_s) in zip(calls, spans_s, strict=True):
+    for call, (start_s, end_s, call_wait_s) in zip(calls, times_s, strict=True):
         if call.ddp_bucket:
             last_ready_s = start_s if last_ready_s is None else max(last_ready_s, start_s)
             last_done_s = end_s if last_done_s is None else max(last_done_s, end_s)
-        elif call.waits:
-            wait_s += _waited_s(call, clock)
+        else:
+            wait_s += call_wait_s
     ddp_s = 0.0
     if last_ready_s is not None and last_done_s is not None:
         ddp_s = max(0.0, last_done_s - last_ready_s)
     return wait_s + ddp_s, ddp_s
 
 
-def _waited_s(call: CollectiveCall, clock: Clock) -> float:
-    waits = call.waits or ()
-    return sum(max(0.0, clock.seconds_between(a, b)) for a, b in waits if clock.is_ready(b))
+def _waited_s(waits: list[tuple[Mark, Mark]], clock: Clock) -> float:
+    total_s = 0.0
+    for start, end in waits:
+        if clock.is_ready(end):
+            total_s += max(0.0, clock.seconds_between(start, end))
+    return total_s
 
 
 def _collective_rows(
     step: int,
     calls: list[CollectiveCall],
-    clock: Clock,
+    times_s: list[tuple[float, float, float]],
     mesh_dims: dict[str, str],
     ddp_wait_s: float,
 ) -> list[dict[str, Any]]:
     """One row per (group, op); DDP's exposed wait goes to the row of its all-reduces."""
     by_key: dict[tuple[str, str], dict[str, Any]] = {}
-    for call in calls:
-        assert call.end is not None
-        busy_s = max(0.0, clock.seconds_between(call.start, call.end))
+    for call, (start_s, end_s, wait_s) in zip(calls, times_s, strict=True):
+        busy_s = max(0.0, end_s - start_s)
         if call.ddp_bucket:
             wait_s, ddp_wait_s = ddp_wait_s, 0.0
-        else:
-            wait_s = _waited_s(call, clock) if call.waits else 0.0
         group = call.group
         agg = by_key.get((group.name, call.op))
         if agg is None:

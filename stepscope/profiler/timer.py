@@ -42,8 +42,8 @@ class CpuClock:
 
     name = "cpu"
 
-    def mark(self) -> float:
-        return time.perf_counter()
+    mark = staticmethod(time.perf_counter)
+    """The builtin itself: one call on the hot path, no Python frame."""
 
     def is_ready(self, mark: Mark) -> bool:
         return True
