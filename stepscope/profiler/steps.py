@@ -7,7 +7,6 @@ schema.COLLECTIVES rows aggregated per process group and op.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,38 +78,22 @@ class StepRecord:
                 row[column] = round(total_s, _DURATION_DIGITS)
             else:
                 self.custom[f"{name}_s"] = round(total_s, _DURATION_DIGITS)
-        # Each done call's offsets from the step's start and exposed wait, in one pass. DDP
-        # buckets wait from the last bucket becoming ready (the end of this rank's gradient
-        # compute) to the last bucket's all-reduce completing: a rank delayed in backward has
-        # its last bucket ready late and waits least; its peers wait for it. Every other
-        # collective waits the spans the training thread sat in its wait.
-        base = self.base
-        done: list[CollectiveCall] = []
-        times_s: list[tuple[float, float, float]] = []
-        spans_s: list[tuple[float, float]] = []
-        wait_s = 0.0
-        last_ready_s = last_done_s = -math.inf
-        for call in self.calls:
-            end = call.end
-            if end is None or not ready(end):
-                continue
-            start_s, end_s = between(base, call.start), between(base, end)
-            call_wait_s = 0.0
-            if call.ddp_bucket:
-                last_ready_s = max(last_ready_s, start_s)
-                last_done_s = max(last_done_s, end_s)
-            elif call.waits:
-                call_wait_s = _waited_s(call.waits, clock)
-                wait_s += call_wait_s
-            done.append(call)
-            times_s.append((start_s, end_s, call_wait_s))
-            spans_s.append((start_s, end_s))
         comm_wait_s = ddp_wait_s = 0.0
+        done: list[CollectiveCall] = []
+        if self.calls:
+            done = [c for c in self.calls if c.end is not None and ready(c.end)]
         if done:
-            if last_ready_s > -math.inf:
-                ddp_wait_s = max(0.0, last_done_s - last_ready_s)
-            comm_wait_s = wait_s + ddp_wait_s
-            row["comm_s"] = round(union_s(spans_s), _DURATION_DIGITS)
+            # Each call's offsets from the step's start and exposed wait, computed once.
+            times_s = [
+                (
+                    between(self.base, c.start),
+                    between(self.base, c.end),
+                    _waited_s(c.waits, clock) if c.waits else 0.0,
+                )
+                for c in done
+            ]
+            row["comm_s"] = round(union_s([(s, e) for s, e, _ in times_s]), _DURATION_DIGITS)
+            comm_wait_s, ddp_wait_s = _comm_wait_s(done, times_s)
             row["comm_wait_s"] = round(comm_wait_s, _DURATION_DIGITS)
         compute_s = max(0.0, self.step_s - self.data_s - comm_wait_s)
         row["compute_s"] = round(compute_s, _DURATION_DIGITS)
@@ -118,6 +101,31 @@ class StepRecord:
         if not done:
             return row, []
         return row, _collective_rows(self.step, done, times_s, mesh_dims, ddp_wait_s)
+
+
+def _comm_wait_s(
+    calls: list[CollectiveCall], times_s: list[tuple[float, float, float]]
+) -> tuple[float, float]:
+    """Time this rank sat blocked on collectives, not overlapped by its own work (and the
+    part of it that was DDP's).
+
+    DDP buckets: from the last bucket becoming ready (the end of this rank's gradient
+    compute) to the last bucket's all-reduce completing. A rank delayed in backward has
+    its last bucket ready late and waits least; its peers wait for it. Every other
+    collective: the spans the training thread sat in its wait.
+    """
+    wait_s = 0.0
+    last_ready_s = last_done_s = None
+    for call, (start_s, end_s, call_wait_s) in zip(calls, times_s, strict=True):
+        if call.ddp_bucket:
+            last_ready_s = start_s if last_ready_s is None else max(last_ready_s, start_s)
+            last_done_s = end_s if last_done_s is None else max(last_done_s, end_s)
+        else:
+            wait_s += call_wait_s
+    ddp_s = 0.0
+    if last_ready_s is not None and last_done_s is not None:
+        ddp_s = max(0.0, last_done_s - last_ready_s)
+    return wait_s + ddp_s, ddp_s
 
 
 def _waited_s(waits: list[tuple[Mark, Mark]], clock: Clock) -> float:

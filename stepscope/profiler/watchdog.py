@@ -52,12 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-"""The shortest interval between two looks at the training thread's progress, in seconds."""
-MAX_POLL_S = 1.0
-"""The longest interval between two looks, in seconds."""
-POLL_FRACTION = 0.05
-"""In between, a look every this fraction of the hang threshold: a hang is reported at most
-that fraction late, and the default 5-s floor costs 4 wakes a second, not 10."""
+"""How often the watchdog looks at the training thread's progress."""
 FLOOR_S = 5.0
 """The adaptive threshold is never shorter than this, in seconds."""
 STEP_MULTIPLE = 5.0
@@ -188,8 +183,7 @@ class Watchdog:
         try:
             hung = False
             next_report = 0.0
-            wait_s = POLL_S
-            while not self._stop.wait(wait_s):
+            while not self._stop.wait(POLL_S):
                 now = time.perf_counter()
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
@@ -205,7 +199,6 @@ class Watchdog:
                     hung = False
                     self._send("heartbeat", state, now)
                     next_report = time.perf_counter() + self._heartbeat_s
-                wait_s = poll_interval_s(threshold_s, next_report - time.perf_counter())
         except Exception:
             log.exception("stepscope: the hang watchdog stopped after an internal error")
             self.stop()
@@ -408,13 +401,6 @@ class Watchdog:
                     marked.write(CLOSED_MARK)
         except OSError:
             log.debug("stepscope: could not tidy the dump file", exc_info=True)
-
-
-def poll_interval_s(threshold_s: float, report_in_s: float) -> float:
-    """Seconds until the watchdog's next look: POLL_FRACTION of the hang threshold, between
-    POLL_S and MAX_POLL_S, and no later than the next report is due."""
-    poll_s = min(MAX_POLL_S, max(POLL_S, POLL_FRACTION * threshold_s))
-    return max(0.0, min(poll_s, report_in_s))
 
 
 def dump_flight_recorder(path: Path) -> bool:
