@@ -106,7 +106,16 @@ def goodput(
     starts = by_index["started_at"].to_numpy().astype(np.float64)
     if starts.size == 0:
         starts = np.array([job_start])
-    incarnation_of_step = np.maximum(np.searchsorted(starts, ts, side="right") - 1, 0)
+    # A step belongs to the incarnation whose first step began before it: the resume events'
+    # times are the steps' own clock, where process start times are only as precise as the
+    # kernel's boot time (a second), which would hand a dying incarnation's last steps to the
+    # next one.
+    step_starts = starts
+    if processes.height:
+        first = processes.group_by("index").agg(pl.col("first_step_ts").min()).sort("index")
+        first_ts = first["first_step_ts"].to_numpy().astype(np.float64)
+        step_starts = np.maximum.accumulate(np.fmax(first_ts, starts))
+    incarnation_of_step = np.maximum(np.searchsorted(step_starts, ts, side="right") - 1, 0)
     totals: dict[str, float] = dict.fromkeys(GOODPUT_CATEGORIES, 0.0)
     incarnations: list[Incarnation] = []
     first_starts = processes.filter(pl.col("index") == 0)["started_at"].to_numpy()

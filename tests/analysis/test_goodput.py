@@ -170,6 +170,39 @@ def test_an_exception_belongs_to_the_incarnation_it_names_whatever_its_time() ->
     assert second.failure is None
 
 
+def test_a_step_belongs_to_its_run_when_the_restart_start_rounds_before_it() -> None:
+    # The restarted processes' start, as /proc gives it (boot time in whole seconds), reads
+    # 9.0 though they started after step 7 of the first run (9.2 - 10.2): that step is still
+    # the first run's, lost with steps 5 and 6 when the second run resumes from step 5.
+    events = []
+    for r in range(2):
+        events += [
+            _event(r, 0.0, "start", incarnation=f"a{r}"),
+            _event(r, 2.2, "resume", incarnation=f"a{r}", step=0),
+            _event(r, 9.0, "start", incarnation=f"b{r}", restart_count=1),
+            _event(r, 11.0, "resume", incarnation=f"b{r}", step=5, resumed_from=5),
+            _event(r, 15.0, "exit", incarnation=f"b{r}"),
+        ]
+    steps = pl.DataFrame(
+        {
+            "step": [*range(8), *range(5, 9)],
+            "ts": [2.2 + i for i in range(8)] + [11.0 + i for i in range(4)],
+            "num_ranks": [2] * 12,
+            "step_s_sum": [2.0] * 12,
+            "step_s_max": [1.0] * 12,
+            "data_s_sum": [0.0] * 12,
+            "comm_wait_s_sum": [0.0] * 12,
+            "transfer_s_sum": [0.0] * 12,
+        }
+    )
+    frame = pl.DataFrame(
+        events, schema=["rank", "ts", "kind", "message", "attributes"], orient="row"
+    )
+    first, second = goodput(steps, lifecycles(frame), world_size=2).incarnations
+    assert first.lost_steps == [5, 7]
+    assert (second.first_step, second.last_step) == (5, 8)
+
+
 def test_the_worked_example_of_the_docs() -> None:
     result = worked_example()
     assert result.total_s == pytest.approx(310.0)
