@@ -17,6 +17,7 @@ never notices.
 from __future__ import annotations
 
 import atexit
+import bisect
 import faulthandler
 import logging
 import os
@@ -52,7 +53,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-"""How often the watchdog looks at the training thread's progress."""
+"""How often the watchdog looks at the training thread's progress, at the shortest."""
+MAX_POLL_S = 0.5
+"""...and at the longest: it looks every 1/POLLS_PER_THRESHOLD of the hang threshold."""
+POLLS_PER_THRESHOLD = 20
 FLOOR_S = 5.0
 """The adaptive threshold is never shorter than this, in seconds."""
 STEP_MULTIPLE = 5.0
@@ -134,6 +138,8 @@ class Watchdog:
         self._last_progress = time.perf_counter()
         self._steps_done = 0
         self._cycles_s: deque[float] = deque(maxlen=_NUM_CYCLES)
+        self._sorted_cycles_s: list[float] = []
+        """The same cycle times, kept sorted (an insertion per step, not a sort)."""
         self._p99_s: float | None = None
         self._phase: str | None = None
         self._blocked_call: Any = None
@@ -183,10 +189,13 @@ class Watchdog:
         try:
             hung = False
             next_report = 0.0
-            while not self._stop.wait(POLL_S):
+            poll_s = POLL_S
+            while not self._stop.wait(poll_s):
                 now = time.perf_counter()
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
+                # A hang is seen within a twentieth of its threshold, at 2-10 looks a second.
+                poll_s = min(MAX_POLL_S, max(POLL_S, threshold_s / POLLS_PER_THRESHOLD))
                 self._rearm(now, threshold_s)
                 self._serve_flight_recorder_request()
                 stalled_s = now - self._last_progress
@@ -244,8 +253,12 @@ class Watchdog:
         if previous_step is not None:
             num_steps = max(1, state.ended_step - previous_step)
         if previous_at is not None and state.ended_at is not None:
-            self._cycles_s.append((state.ended_at - previous_at) / num_steps)
-            ordered = sorted(self._cycles_s)
+            cycles_s, ordered = self._cycles_s, self._sorted_cycles_s
+            if len(cycles_s) == _NUM_CYCLES:
+                del ordered[bisect.bisect_left(ordered, cycles_s[0])]
+            cycle_s = (state.ended_at - previous_at) / num_steps
+            cycles_s.append(cycle_s)
+            bisect.insort(ordered, cycle_s)
             self._p99_s = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
     # ---- reports --------------------------------------------------------------------------

@@ -22,7 +22,14 @@ from stepscope.profiler.calls import CollectiveCall
 from stepscope.profiler.config import Config, build_config
 from stepscope.profiler.groups import GroupInfo, GroupRegistry
 from stepscope.profiler.hangs import read_dump
-from stepscope.profiler.watchdog import FLOOR_S, LONG_S, STEP_MULTIPLE, TrainingState, Watchdog
+from stepscope.profiler.watchdog import (
+    FLOOR_S,
+    LONG_S,
+    STEP_MULTIPLE,
+    WARMUP_STEPS,
+    TrainingState,
+    Watchdog,
+)
 from tests.profiler.http_sink import Sink, http_sink
 from tests.profiler.ranks import run_ranks
 
@@ -219,6 +226,30 @@ def test_the_default_threshold_is_a_multiple_of_the_p99_step_time_with_a_floor(
     states.append(_state(39, 39 * step_s, phase="eval"))
     watchdog._observe(40 * step_s)
     assert watchdog.hang_after_s() == LONG_S
+
+
+def test_the_p99_is_of_the_last_256_step_cycles() -> None:
+    """The window slides: a run of slow steps long past counts no more."""
+    states: list[TrainingState] = []
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9"),
+        identity={},
+        state=lambda: states[-1],
+        groups=GroupRegistry(),
+        waiting=lambda: None,
+        main_thread_id=0,
+    )
+    cycles_s = [3.0] * 10 + [1.0 + (i % 7) / 10 for i in range(400)]
+    ended_at = 0.0
+    for step, cycle_s in enumerate([0.0, *cycles_s]):
+        ended_at += cycle_s
+        states.append(_state(step, ended_at))
+        watchdog._observe(ended_at)
+        window = sorted(cycles_s[max(0, step - 256) : step])
+        if step >= WARMUP_STEPS:
+            p99_s = window[min(len(window) - 1, int(0.99 * len(window)))]
+            assert watchdog.hang_after_s() == pytest.approx(max(FLOOR_S, STEP_MULTIPLE * p99_s))
+    assert watchdog.hang_after_s() == pytest.approx(STEP_MULTIPLE * 1.6)
 
 
 def holds_the_gil(seconds: int) -> None:
