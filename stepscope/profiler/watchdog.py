@@ -297,7 +297,12 @@ class Watchdog:
             }
             for info in groups
         ]
-        stack = main_stack(self._main_thread_id) if kind == "hang" else None
+        # Past half its threshold, a stalled rank's heartbeats carry its stack as well: its
+        # peers' last progress may have come earlier (a p2p transfer completing counts as
+        # progress here), so that they report the hang first and the server names this rank
+        # with the stack of its last report.
+        with_stack = kind == "hang" or stalled_s >= self.hang_after_s() / 2
+        stack = main_stack(self._main_thread_id) if with_stack else None
         return {
             "schema": HANG_SCHEMA_VERSION,
             **self._identity,

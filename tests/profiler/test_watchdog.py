@@ -86,7 +86,7 @@ def assert_wire_shape(report: dict[str, Any]) -> None:
         assert set(blocked) == {"group", "op", "seq", "since_ts", "bytes"}
     for frontier in report["frontiers"]:
         assert set(frontier) == FRONTIER_KEYS
-    if report["kind"] == "heartbeat":
+    if report["kind"] == "heartbeat" and report["stalled_s"] < HANG_AFTER_S / 2:
         assert report["stack"] is None
         assert report["stack_source"] is None
     else:
@@ -112,6 +112,37 @@ def warm_up(prof: stepscope.Profiler, num_steps: int = 6) -> None:
 
 def stalls_in_the_data_loader_forever(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def stalls_below_the_threshold(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_heartbeats_carry_the_stack_past_half_the_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A culprit whose peers report the hang first has its stack at the server already."""
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    with http_sink() as sink:
+        prof = start(sink)
+        warm_up(prof)
+        time.sleep(HEARTBEAT_S * 2)
+        with prof.step(), prof.section("forward"):
+            stalls_below_the_threshold(HANG_AFTER_S * 0.9)
+        warm_up(prof, 2)
+        time.sleep(HEARTBEAT_S * 2)
+        prof.close()
+    assert reports(sink, "hang") == []
+    beats = reports(sink, "heartbeat")
+    for beat in beats:
+        assert_wire_shape(beat)
+    half_s = HANG_AFTER_S / 2
+    stalled = [b for b in beats if b["section"] == "forward" and b["stalled_s"] >= half_s + 0.05]
+    assert stalled, [(b["section"], b["stalled_s"]) for b in beats]
+    for beat in stalled:
+        assert beat["stack"][-1]["function"] == "stalls_below_the_threshold"
+        assert beat["stack_source"] == "watchdog"
+    assert {b["stack_source"] for b in beats if b["stalled_s"] < half_s - 0.05} == {None}
 
 
 def test_a_stalled_rank_reports_its_stack_within_hang_after_s(
