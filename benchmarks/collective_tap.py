@@ -62,7 +62,6 @@ from stepscope.profiler.tap import (
     FUNCOL_OPS,
     PG_METHODS,
     CollectiveTap,
-    KeysBelowBackendSelect,
 )
 from stepscope.profiler.timer import build_clock
 
@@ -111,12 +110,11 @@ def install_bare() -> Callable[[], None]:
         setattr(ProcessGroup, name, _pass_through(original))
     setattr(Work, "wait", _pass_through(originals_wait))  # noqa: B010
     library = torch.library.Library("_c10d_functional", "IMPL")
-    below = KeysBelowBackendSelect()
     for name in [*FUNCOL_OPS, "wait_tensor"]:
         packet = getattr(torch.ops._c10d_functional, name, None)
         if packet is not None:
-            kernel = _empty_kernel(packet.default._handle.redispatch_boxed, below)
-            library.impl(name, kernel, "BackendSelect", with_keyset=True)
+            kernel = _empty_kernel(packet.default._handle.redispatch_boxed)
+            library.impl(name, kernel, "BackendSelect")
 
     def remove() -> None:
         for name, original in originals.items():
@@ -134,9 +132,11 @@ def _pass_through(original: Any) -> Callable[..., Any]:
     return wrapper
 
 
-def _empty_kernel(redispatch: Any, below: KeysBelowBackendSelect) -> Callable[..., Any]:
-    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        return redispatch(below[keyset.raw_repr()], *args, **kwargs)
+def _empty_kernel(redispatch: Any) -> Callable[..., Any]:
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)  # these calls' tensors are on CPU
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return redispatch(cpu, *args, **kwargs)
 
     return kernel
 
