@@ -391,7 +391,18 @@ def _complete_point(job: _Job, point: Point, silent: set[int]) -> list[_Culprit]
         return [_Culprit(r, "mismatched", point) for r in blocked if _signature(job, r) != majority]
     if any(job.by_rank[r].kind != "hang" for r in blocked):
         return None
+    if any(_completed_on(job, m, point) for m in members):
+        # A member has completed it: the waiting ranks' reports predate that (a member that
+        # arrived after a long wait, e.g. from a checkpoint, reports before they do again).
+        return None
     return [_Culprit(m, "not_completing", point) for m in members]
+
+
+def _completed_on(job: _Job, rank: int, point: Point) -> bool:
+    """Whether `rank`'s latest report says the collective at `point` completed there."""
+    report = job.by_rank.get(rank)
+    frontier = report.frontiers.get(point[0]) if report is not None else None
+    return frontier is not None and frontier.completed >= point[1]
 
 
 def _finding(

@@ -312,3 +312,56 @@ def test_a_send_and_its_recv_stuck_together_are_not_a_mismatch() -> None:
     assert f is not None
     assert f.evidence["class"] == "not_completing"
     assert f.ranks == [0, 1]
+
+
+def test_a_collective_a_member_completed_is_not_named_not_completing() -> None:
+    # Rank 0 came back from a long checkpoint, entered the all_reduce its peers waited in and
+    # completed it; its peers' last reports, from before that, still say they wait in it.
+    def world(enqueued: int, completed: int) -> dict[str, Any]:
+        return {
+            "group": "0",
+            "group_ranks": "0-3",
+            "size": 4,
+            "enqueued": enqueued,
+            "completed": completed,
+        }
+
+    waiting = {"group": "0", "op": "all_reduce", "seq": 9, "since_ts": TS + 1, "bytes": 256}
+    reports = [
+        RankReport.of(
+            {
+                "rank": r,
+                "ts": TS + 60,
+                "kind": "hang",
+                "step": 8,
+                "blocked": waiting,
+                "frontiers": [world(9, 8)],
+                "stack": WAIT_STACK,
+            }
+        )
+        for r in (1, 2, 3)
+    ]
+    arrived = {"rank": 0, "ts": TS + 61, "kind": "heartbeat", "step": 8, "blocked": None}
+    state = attribute_hang(
+        "j",
+        [*reports, RankReport.of({**arrived, "frontiers": [world(9, 9)]})],
+        silent_after_s=6.0,
+        now_ts=TS + 61,
+    )
+    assert state.hanging
+    assert state.finding is None
+    # Had rank 0 entered but not completed it, the whole group would be named.
+    state = attribute_hang(
+        "j",
+        [
+            *reports,
+            RankReport.of(
+                {**arrived, "kind": "hang", "blocked": waiting, "frontiers": [world(9, 8)]}
+            ),
+        ],
+        silent_after_s=6.0,
+        now_ts=TS + 61,
+    )
+    assert state.finding is not None
+    assert state.finding.evidence["class"] == "not_completing"
+    assert state.finding.ranks == [0, 1, 2, 3]
