@@ -134,7 +134,6 @@ class Watchdog:
         self._last_progress = time.perf_counter()
         self._steps_done = 0
         self._cycles_s: deque[float] = deque(maxlen=_NUM_CYCLES)
-        """The same cycle times, kept sorted (an insertion per step, not a sort)."""
         self._p99_s: float | None = None
         self._phase: str | None = None
         self._blocked_call: Any = None
