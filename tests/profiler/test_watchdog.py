@@ -114,20 +114,28 @@ def stalls_in_the_data_loader_forever(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def run_a_data_stall(stall_s: float, *, settle_s: float = 0.0) -> tuple[Sink, float]:
+    """A job that warms up, waits `settle_s`, stalls `stall_s` in its data loader, then steps
+    on and closes: the sink of its reports, and when the stall began (epoch s)."""
+    with http_sink() as sink:
+        prof = start(sink)
+        warm_up(prof)
+        time.sleep(settle_s)
+        with prof.step(), prof.section("data"):
+            stall_ts = time.time()
+            stalls_in_the_data_loader_forever(stall_s)
+        warm_up(prof, 2)
+        time.sleep(HEARTBEAT_S * 2)
+        prof.close()
+    return sink, stall_ts
+
+
 def test_heartbeats_carry_the_stack_past_half_the_threshold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A culprit whose peers report the hang first has its stack at the server already."""
     monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
-    with http_sink() as sink:
-        prof = start(sink)
-        warm_up(prof)
-        time.sleep(HEARTBEAT_S * 2)
-        with prof.step(), prof.section("data"):
-            stalls_in_the_data_loader_forever(HANG_AFTER_S * 0.9)
-        warm_up(prof, 2)
-        time.sleep(HEARTBEAT_S * 2)
-        prof.close()
+    sink, _ = run_a_data_stall(HANG_AFTER_S * 0.9, settle_s=HEARTBEAT_S * 2)
     assert reports(sink, "hang") == []
     beats = reports(sink, "heartbeat")
     for beat in beats:
@@ -145,15 +153,7 @@ def test_a_stalled_rank_reports_its_stack_within_hang_after_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
-    with http_sink() as sink:
-        prof = start(sink)
-        warm_up(prof)
-        with prof.step(), prof.section("data"):
-            stall_ts = time.time()
-            stalls_in_the_data_loader_forever(HANG_AFTER_S + 2.0)
-        warm_up(prof, 2)
-        time.sleep(HEARTBEAT_S * 2)
-        prof.close()
+    sink, stall_ts = run_a_data_stall(HANG_AFTER_S + 2.0)
     hangs = reports(sink, "hang")
     assert hangs, "no hang report"
     first = hangs[0]
