@@ -95,7 +95,8 @@ class DeepCapture:
     # ---- the shipper thread ------------------------------------------------------------
 
     def offer(self, doc: Any) -> None:
-        """Take an order from an ingest answer; a second one while busy is refused."""
+        """Take an order from an ingest answer, once torch.profiler is loaded (the first
+        order holds the shipper ~1 s); a second one while busy is refused."""
         try:
             order = Order.of(doc, max_steps=self._max_steps)
         except ValueError as exc:
@@ -103,11 +104,17 @@ class DeepCapture:
             return
         with self._lock:
             busy = self._order is not None or self._running is not None
-            if not busy:
-                self._order = order
-                self.armed = True
         if busy:
             self._give_up(order, "another capture is in progress on this rank")
+            return
+        try:
+            _load_profiler()
+        except Exception as exc:
+            self._give_up(order, f"torch.profiler did not load: {type(exc).__name__}: {exc}")
+            return
+        with self._lock:  # only this thread orders: nothing started since the check
+            self._order = order
+            self.armed = True
 
     # ---- the training thread: never raise ---------------------------------------------
 
@@ -242,6 +249,14 @@ class DeepCapture:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
             raise OSError(f"HTTP {exc.code}: {detail}") from exc
+
+
+def _load_profiler() -> None:
+    """Import what torch.profiler's start would import on the training thread: its first
+    start reads torch._inductor's config, ~1 s of module imports (the rank would stall, and
+    its peers with it)."""
+    import torch._inductor.config  # noqa: F401
+    import torch.profiler  # noqa: F401
 
 
 def _start_profile(*, with_stack: bool, first_step: int) -> Any:

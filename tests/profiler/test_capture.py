@@ -5,6 +5,9 @@ and training goes on with the same values."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +159,40 @@ def _tiny_limit(of: Any) -> Any:
         return of({**doc, "max_bytes": 200}, max_steps=max_steps)
 
     return tiny
+
+
+FIRST_START = """
+import json, sys
+import torch
+from stepscope.profiler.capture import build_capture
+from stepscope.profiler.config import build_config
+capture = build_capture(build_config(url="http://127.0.0.1:9", http_timeout_s=1.0))
+before = set(sys.modules)
+capture.offer({"id": 1, "num_steps": 1, "upload": "/v1/captures/1", "max_bytes": 10**7})
+offered = set(sys.modules)
+armed = capture.armed
+capture.before_step(0)
+imported_at_start = sorted(set(sys.modules) - offered)
+capture.after_step(0)
+capture.close(timeout_s=10)  # recorded and exported; the upload finds no collector
+print(json.dumps({"armed": armed, "result": capture.results[1],
+                  "by_offer": sorted(offered - before), "by_start": imported_at_start}))
+"""
+
+
+def test_the_order_loads_torch_profiler_so_that_the_training_thread_does_not() -> None:
+    # A fresh process: the first start of torch.profiler imports torch._inductor (~1 s, a
+    # stall of the rank and of its peers), unless the order's thread has already loaded it.
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_START], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["armed"]
+    assert seen["result"].startswith("URLError"), seen["result"]
+    assert {"torch._inductor", "torch._inductor.config"} <= set(seen["by_offer"])
+    heavy = ("torch._inductor", "torch._dynamo", "sympy")
+    assert [m for m in seen["by_start"] if m.startswith(heavy)] == []
 
 
 def test_an_order_that_is_not_one_is_ignored() -> None:
