@@ -29,6 +29,8 @@ from .config import Config
 
 log = logging.getLogger(__name__)
 
+ENDED_BEFORE_START = "the job ended before the capture started"
+
 
 @dataclass(frozen=True, slots=True)
 class Order:
@@ -87,6 +89,7 @@ class DeepCapture:
         self._num_steps_done = 0
         self._started_at = 0.0
         self._uploads: list[threading.Thread] = []
+        self._closed = False
         self.armed = False
         """An order waits for the next step, or a profile runs: the hot path's one check."""
         self.results: dict[int, str] = {}
@@ -103,18 +106,28 @@ class DeepCapture:
             log.warning("stepscope: ignored a capture order: %s", exc)
             return
         with self._lock:
-            busy = self._order is not None or self._running is not None
-        if busy:
-            self._give_up(order, "another capture is in progress on this rank")
-            return
-        try:
-            _load_profiler()
-        except Exception as exc:
-            self._give_up(order, f"torch.profiler did not load: {type(exc).__name__}: {exc}")
-            return
-        with self._lock:  # only this thread orders: nothing started since the check
-            self._order = order
-            self.armed = True
+            refusal = self._refusal()
+        if refusal is None:
+            try:
+                _load_profiler()
+            except Exception as exc:
+                refusal = f"torch.profiler did not load: {type(exc).__name__}: {exc}"
+        if refusal is None:
+            with self._lock:  # the job may have ended meanwhile
+                refusal = self._refusal()
+                if refusal is None:
+                    self._order = order
+                    self.armed = True
+        if refusal is not None:
+            self._give_up(order, refusal)
+
+    def _refusal(self) -> str | None:
+        """Why an order cannot be taken now (with the lock held)."""
+        if self._closed:
+            return ENDED_BEFORE_START
+        if self._order is not None or self._running is not None:
+            return "another capture is in progress on this rank"
+        return None
 
     # ---- the training thread: never raise ---------------------------------------------
 
@@ -154,14 +167,16 @@ class DeepCapture:
             self._stop(last_step=step)
 
     def close(self, timeout_s: float) -> None:
-        """Stop a running profile (its steps so far are uploaded) and wait for uploads."""
+        """Stop a running profile (its steps so far are uploaded), refuse later orders and
+        wait for uploads."""
         try:
             if self._running is not None:
                 self._stop(last_step=None)
             with self._lock:
                 order, self._order = self._order, None
+                self._closed, self.armed = True, False
             if order is not None:
-                self._give_up(order, "the job ended before the capture started")
+                self._give_up(order, ENDED_BEFORE_START)
             deadline = time.monotonic() + timeout_s
             for thread in self._uploads:
                 thread.join(max(deadline - time.monotonic(), 0.0))

@@ -218,9 +218,11 @@ def test_a_second_order_while_busy_and_an_order_never_started_are_reported(
             assert client.post("/v1/ingest", json=live_batches(job, rank)[0]).status_code == 200
         asked = [
             client.post("/api/v1/jobs/capture-busy/captures", json={"rank": 1}).json()
-            for _ in range(2)
+            for _ in range(3)
         ]
-        first, second = (next(c["id"] for c in r["captures"] if c["rank"] == 1) for r in asked)
+        first, second, third = (
+            next(c["id"] for c in r["captures"] if c["rank"] == 1) for r in asked
+        )
         capture = build_capture(build_config(url=server.url))
         assert capture is not None
         for capture_id in (first, second):
@@ -229,9 +231,15 @@ def test_a_second_order_while_busy_and_an_order_never_started_are_reported(
                  "max_bytes": 10_000}
             )  # fmt: skip
         capture.close(timeout_s=30)
+        capture.offer(
+            {"id": third, "num_steps": 2, "upload": f"/v1/captures/{third}", "max_bytes": 10_000}
+        )
         rows = {c["id"]: c for r in client.get("/api/v1/jobs/capture-busy/captures").json()
                 for c in r["captures"]}  # fmt: skip
     assert rows[second]["status"] == "failed"
     assert rows[second]["error"] == "another capture is in progress on this rank"
     assert rows[first]["status"] == "failed"
     assert rows[first]["error"] == "the job ended before the capture started"
+    # An order that comes after the close (in the answer to the last batch) is refused too.
+    assert capture.results[third] == "the job ended before the capture started"
+    assert not capture.armed
