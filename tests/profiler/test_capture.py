@@ -1,7 +1,8 @@
 """The training side of deep captures (#21), in one process against a real server: the order
 comes in an ingest answer, torch.profiler records the steps and the trace is uploaded; a
 capture that cannot be made (no torch.profiler, a full disk, a trace too large) is reported
-and training goes on with the same values."""
+and training goes on with the same values. One test starts a fresh process: the order, not
+the training thread, loads what torch.profiler's first start imports."""
 
 from __future__ import annotations
 
