@@ -1,7 +1,7 @@
 """The active profiler: steps, sections, dataloader and collective timing, FLOPs, telemetry.
 
-Hot-path methods only take clock marks and append to in-memory records; records are
-resolved (non-blocking) at later step ends and handed to the shipper thread. Every
+Hot-path methods only take clock marks and append to in-memory records; the shipper thread
+turns finished steps into wire rows (without blocking) before it builds each batch. Every
 public method is fail-open: an internal error is logged once, reported as an event,
 and turns the profiler off; it never reaches the training loop.
 """
@@ -49,10 +49,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
 _MAX_UNRESOLVED_STEPS = 64
-_RESOLVE_EVERY_STEPS = 32
-_RESOLVE_EVERY_S = 0.25
-"""Finished steps are turned into rows in batches (warm caches, fewer clock queries): every
-this many steps, or this often for slow steps, whichever comes first."""
+"""A finished step still waiting for a mark (a device event, an async collective) with this
+many newer steps behind it is shipped with the marks that happened."""
+_MAX_HELD_STEPS = 4096
+"""Finished steps held for the shipper thread to turn into rows; past this many (that thread
+stuck in a long POST, or gone) the training thread turns them into rows itself."""
 _MAX_CALLS_OUTSIDE_STEPS = 10_000
 """Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
@@ -232,7 +233,12 @@ class ActiveProfiler(Profiler):
         self._pre_values: dict[str, Any] = {}
         self._step_start = 0.0
         self._unresolved: deque[StepRecord] = deque()
-        self._resolved_at = 0.0
+        """Finished steps not yet turned into rows (appended here, taken by _resolve)."""
+        self._resolve_lock = threading.Lock()
+        self._resolve_error: BaseException | None = None
+        """What went wrong turning steps into rows on the shipper thread (the training thread
+        turns the profiler off at its next step end)."""
+        self._groups = GroupRegistry()
         self._flops_per_step: float | None = (
             float(config.flops_per_step) if isinstance(config.flops_per_step, int | float) else None
         )
@@ -296,9 +302,9 @@ class ActiveProfiler(Profiler):
             source=source,
             tee=self._otlp.record if self._otlp is not None else None,
             on_capture=self._capture.offer if self._capture is not None else None,
+            before_batch=self._resolve_ready,
         )
         self._send_start()
-        self._groups = GroupRegistry()
         self._tap: Any = None
         if config.patch_collectives and dist.is_available():
             from .tap import CollectiveTap  # needs torch.distributed's C++ classes
@@ -444,7 +450,10 @@ class ActiveProfiler(Profiler):
         try:
             if self._current is not None:
                 self._end_step(failed=failed)
-            self._resolve(force=True)
+            with self._resolve_lock:
+                if self._resolve_error is not None:  # the shipper thread's, after the last step
+                    raise self._resolve_error
+                self._resolve(force=True)
             if self._calls:  # collectives after the last step: a row of their own
                 orphan = StepRecord(
                     step=self._next_index, ts=time.time(), base=self._calls[0].start
@@ -454,8 +463,8 @@ class ActiveProfiler(Profiler):
                 _, rows = orphan.to_rows(self._clock, self._groups.mesh_dims)
                 for row in rows:
                     self.shipper.add("collectives", row)
-        except Exception:
-            log.exception("stepscope: error while closing (ignored)")
+        except Exception as exc:
+            self._fail(exc)  # reported (an event), and the rest of close() goes on
         if self._tap is not None:
             self._tap.remove()
         for timer in self._step_timers:
@@ -558,13 +567,14 @@ class ActiveProfiler(Profiler):
         if self._device_type == "cuda":
             values["mem_peak_bytes"] = int(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-        self._unresolved.append(record)
-        if (
-            len(self._unresolved) >= _RESOLVE_EVERY_STEPS
-            or now - self._resolved_at >= _RESOLVE_EVERY_S
-        ):
-            self._resolved_at = now
-            self._resolve(force=False)
+        self._unresolved.append(record)  # the shipper thread turns it into rows
+        if self._resolve_error is not None:
+            raise self._resolve_error
+        if len(self._unresolved) > _MAX_HELD_STEPS and self._resolve_lock.acquire(blocking=False):
+            try:
+                self._resolve(force=False)
+            finally:
+                self._resolve_lock.release()
         capture = self._capture
         if capture is not None and capture.armed:
             capture.after_step(record.step)  # after step_s: its stop is in no step's time
@@ -584,8 +594,18 @@ class ActiveProfiler(Profiler):
 
     # ---- off the hot path ----------------------------------------------------------------
 
+    def _resolve_ready(self) -> None:
+        """Ship the finished steps whose marks all happened (the shipper thread, before it
+        builds a batch). An error is left for the training thread, which turns profiling off."""
+        try:
+            with self._resolve_lock:
+                self._resolve(force=False)
+        except Exception as exc:
+            self._resolve_error = exc
+
     def _resolve(self, *, force: bool) -> None:
-        """Ship the oldest finished steps whose marks all happened (blocks only when forced)."""
+        """Ship the oldest finished steps whose marks all happened (blocks only when forced).
+        The caller holds _resolve_lock."""
         clock = self._clock
         deadline = time.monotonic() + self.config.close_timeout_s  # one budget for all steps
         while self._unresolved:
@@ -679,8 +699,6 @@ class ActiveProfiler(Profiler):
         counter, self._flop_counter = self._flop_counter, None
         counter.__exit__(None, None, None)
         self._flops_per_step = float(counter.get_total_flops())
-        if self._current is None and self._unresolved:
-            self._unresolved[-1].values["flops"] = self._flops_per_step
 
     def _start_gpu_sampler(self) -> Any:
         try:

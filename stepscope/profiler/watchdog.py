@@ -52,7 +52,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-"""How often the watchdog looks at the training thread's progress."""
+"""How often the watchdog looks at the training thread's progress, at the shortest."""
+MAX_POLL_S = 0.5
+"""...and at the longest: it looks every 1/POLLS_PER_THRESHOLD of the hang threshold."""
+POLLS_PER_THRESHOLD = 20
 FLOOR_S = 5.0
 """The adaptive threshold is never shorter than this, in seconds."""
 STEP_MULTIPLE = 5.0
@@ -183,10 +186,13 @@ class Watchdog:
         try:
             hung = False
             next_report = 0.0
-            while not self._stop.wait(POLL_S):
+            poll_s = POLL_S
+            while not self._stop.wait(poll_s):
                 now = time.perf_counter()
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
+                # A hang is seen within a twentieth of its threshold, at 2-10 looks a second.
+                poll_s = min(MAX_POLL_S, max(POLL_S, threshold_s / POLLS_PER_THRESHOLD))
                 self._rearm(now, threshold_s)
                 self._serve_flight_recorder_request()
                 stalled_s = now - self._last_progress

@@ -15,6 +15,7 @@ from torch import nn
 from torch._C._distributed_c10d import ProcessGroup
 
 import stepscope
+from stepscope.profiler import active
 from stepscope.profiler.base import NULL_CONTEXT, Profiler
 from stepscope.profiler.steps import StepRecord
 from tests.live_server import RunningServer, read_rows
@@ -145,19 +146,75 @@ def test_a_profiler_bug_never_reaches_the_training_loop(
     monkeypatch.setattr(StepRecord, "to_rows", broken)
     model = Linear(4, 2)
     prof = stepscope.init(job_id="broken-1", url=live_server.url, flush_interval_s=0.2)
+    # The shipper thread turns finished steps into rows (every 0.2 s here); the step that
+    # ends after its failure turns profiling off.
     completed = 0
-    for _ in range(3):
+    deadline = time.monotonic() + 30.0
+    while prof.step() is not NULL_CONTEXT and time.monotonic() < deadline:
         with prof.step():
             with prof.section("forward"):
                 loss = model(torch.randn(2, 4)).sum()
             loss.backward()
         completed += 1
-    assert completed == 3
+        time.sleep(0.02)
     assert prof.step() is NULL_CONTEXT
+    assert completed >= 1
     prof.close()
     events = read_rows(live_server.db_url, "events", "broken-1")
     [event] = [e for e in events if e["kind"] == "exception"]
     assert "injected profiler bug" in event["message"]
+
+
+def _rows_built_by_thread(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread of each StepRecord.to_rows call from now on."""
+    threads: list[str] = []
+    to_rows = StepRecord.to_rows
+
+    def recorded(self: StepRecord, clock: Any, mesh_dims: dict[str, str]) -> Any:
+        threads.append(threading.current_thread().name)
+        return to_rows(self, clock, mesh_dims)
+
+    monkeypatch.setattr(StepRecord, "to_rows", recorded)
+    return threads
+
+
+def test_the_shipper_thread_turns_finished_steps_into_rows(
+    live_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _rows_built_by_thread(monkeypatch)
+    prof = stepscope.init(job_id="rows-1", url=live_server.url, flush_interval_s=0.1)
+    for _ in range(40):
+        with prof.step():
+            with prof.section("forward"):
+                time.sleep(0.001)
+    deadline = time.monotonic() + 30.0
+    while prof._unresolved and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.05)
+    assert threads == ["stepscope-shipper"] * 40
+    prof.close()
+    rows = read_rows(live_server.db_url, "steps", "rows-1")
+    assert sorted(row["step"] for row in rows) == list(range(40))
+    assert all(row["forward_s"] >= 0.001 for row in rows)
+
+
+def test_steps_the_shipper_thread_does_not_take_are_turned_into_rows_by_the_training_thread(
+    live_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _rows_built_by_thread(monkeypatch)
+    monkeypatch.setattr(active, "_MAX_HELD_STEPS", 8)
+    monkeypatch.setattr(active.ActiveProfiler, "_resolve_ready", lambda self: None)  # stuck
+    prof = stepscope.init(job_id="rows-2", url=live_server.url, flush_interval_s=0.1)
+    for _ in range(20):
+        with prof.step():
+            pass
+        assert len(prof._unresolved) <= 9  # type: ignore[attr-defined]
+    # Past 8 held steps, the step's end turns every held step into rows (on the CPU clock
+    # every mark has happened): at the 9th and the 18th.
+    assert set(threads) == {"MainThread"}
+    assert len(threads) == 20 - len(prof._unresolved)  # type: ignore[attr-defined]
+    prof.close()
+    rows = read_rows(live_server.db_url, "steps", "rows-2")
+    assert sorted(row["step"] for row in rows) == list(range(20))
 
 
 def test_user_exceptions_pass_through_the_context_managers(live_server: RunningServer) -> None:
