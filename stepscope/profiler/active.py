@@ -51,9 +51,10 @@ _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
 _MAX_UNRESOLVED_STEPS = 64
 """A finished step still waiting for a mark (a device event, an async collective) with this
 many newer steps behind it is shipped with the marks that happened."""
-_MAX_HELD_STEPS = 4096
-"""Finished steps held for the shipper thread to turn into rows; past this many (that thread
-stuck in a long POST, or gone) the training thread turns them into rows itself."""
+_MAX_HELD_STEPS = 8192
+"""Finished steps held for the shipper thread to turn into rows (a 2.2 s flush of 0.27 ms
+steps); past this many (that thread stuck in a long POST, or gone) the training thread turns
+them into rows itself."""
 _MAX_CALLS_OUTSIDE_STEPS = 10_000
 """Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
