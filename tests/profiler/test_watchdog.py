@@ -403,6 +403,35 @@ def test_a_disabled_profiler_has_a_no_op_phase(monkeypatch: pytest.MonkeyPatch) 
     assert prof.phase("checkpoint_save") is NULL_CONTEXT
 
 
+@pytest.mark.parametrize(("hang_after_s", "poll_s"), [(1.0, 0.1), (4.0, 0.2), (600.0, 0.5)])
+def test_the_watchdog_looks_every_twentieth_of_its_threshold_between_0_1_and_0_5_s(
+    hang_after_s: float, poll_s: float
+) -> None:
+    looks: list[float] = []
+
+    def progressing() -> TrainingState:
+        looks.append(time.perf_counter())
+        return _state(len(looks), looks[-1])
+
+    watchdog = Watchdog(
+        config=Config(url="http://127.0.0.1:9", hang_after_s=hang_after_s, heartbeat_s=1000.0),
+        identity={},
+        state=progressing,
+        groups=GroupRegistry(),
+        waiting=lambda: None,
+        main_thread_id=0,
+    )
+    watchdog._steps_done = WARMUP_STEPS  # past the warm-up's long threshold
+    watchdog.start()
+    time.sleep(1.4)
+    watchdog.stop(timeout_s=2.0)
+    gaps_s = [later - earlier for earlier, later in zip(looks, looks[1:], strict=False)]
+    assert len(gaps_s) >= 2
+    # The first look comes after 0.1 s, before the threshold is known; a wait is never shorter
+    # than asked (a busy machine only makes the gaps longer).
+    assert min(gaps_s[1:]) >= 0.95 * poll_s
+
+
 def test_a_watchdog_error_stops_the_watchdog_once_and_training_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
