@@ -58,11 +58,11 @@ ENTRY_POINTS = {
         "section",
         "record",
         "_add_data_time",
-        "_resolve",
     ),
+    "stepscope.profiler.finished.FinishedSteps": ("_ship",),
     "stepscope.profiler.comm.DdpStepTimer": ("_gradients_computed", "_gradients_reduced"),
 }
-"""The entry points timed in the breakdown (`_resolve` runs on the shipper thread: the time it
+"""The entry points timed in the breakdown (`_ship` runs on the shipper thread: the time it
 takes there, per step)."""
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import platform
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -33,6 +31,7 @@ from .calls import CollectiveCall
 from .capture import DeepCapture, build_capture
 from .comm import DdpStepTimer, make_ddp_hook
 from .config import Config, RunEnv, default_flush_interval_s
+from .finished import FinishedSteps, json_safe
 from .flops import measure_flops, peak_flops_for
 from .groups import GroupRegistry
 from .lifecycle import detect_lifecycle
@@ -48,13 +47,6 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
-_MAX_UNRESOLVED_STEPS = 64
-"""A finished step still waiting for a mark (a device event, an async collective) with this
-many newer steps behind it is shipped with the marks that happened."""
-_MAX_HELD_STEPS = 8192
-"""Finished steps held for the shipper thread to turn into rows (a 2.2 s flush of 0.27 ms
-steps); past this many (that thread stuck in a long POST, or gone) the training thread turns
-them into rows itself."""
 _MAX_CALLS_OUTSIDE_STEPS = 10_000
 """Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
@@ -233,12 +225,6 @@ class ActiveProfiler(Profiler):
         self._pre_data_start: float | None = None
         self._pre_values: dict[str, Any] = {}
         self._step_start = 0.0
-        self._unresolved: deque[StepRecord] = deque()
-        """Finished steps not yet turned into rows (appended here, taken by _resolve)."""
-        self._resolve_lock = threading.Lock()
-        self._resolve_error: BaseException | None = None
-        """What went wrong turning steps into rows on the shipper thread (the training thread
-        turns the profiler off at its next step end)."""
         self._groups = GroupRegistry()
         self._flops_per_step: float | None = (
             float(config.flops_per_step) if isinstance(config.flops_per_step, int | float) else None
@@ -303,8 +289,14 @@ class ActiveProfiler(Profiler):
             source=source,
             tee=self._otlp.record if self._otlp is not None else None,
             on_capture=self._capture.offer if self._capture is not None else None,
-            before_batch=self._resolve_ready,
         )
+        self._finished = FinishedSteps(
+            self.shipper.add,
+            clock=self._clock,
+            groups=self._groups,
+            close_timeout_s=config.close_timeout_s,
+        )
+        self.shipper.before_batch = self._finished.ship_ready
         self._send_start()
         self._tap: Any = None
         if config.patch_collectives and dist.is_available():
@@ -433,7 +425,7 @@ class ActiveProfiler(Profiler):
                 "ts": time.time(),
                 "kind": kind,
                 "message": str(message),
-                "attributes": _json_safe(attributes),
+                "attributes": json_safe(attributes),
             },
         )
 
@@ -451,10 +443,7 @@ class ActiveProfiler(Profiler):
         try:
             if self._current is not None:
                 self._end_step(failed=failed)
-            with self._resolve_lock:
-                if self._resolve_error is not None:  # the shipper thread's, after the last step
-                    raise self._resolve_error
-                self._resolve(force=True)
+            self._finished.flush()
             if self._calls:  # collectives after the last step: a row of their own
                 orphan = StepRecord(
                     step=self._next_index, ts=time.time(), base=self._calls[0].start
@@ -568,14 +557,7 @@ class ActiveProfiler(Profiler):
         if self._device_type == "cuda":
             values["mem_peak_bytes"] = int(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-        self._unresolved.append(record)  # the shipper thread turns it into rows
-        if self._resolve_error is not None:
-            raise self._resolve_error
-        if len(self._unresolved) > _MAX_HELD_STEPS and self._resolve_lock.acquire(blocking=False):
-            try:
-                self._resolve(force=False)
-            finally:
-                self._resolve_lock.release()
+        self._finished.append(record)  # the shipper thread turns it into rows
         capture = self._capture
         if capture is not None and capture.armed:
             capture.after_step(record.step)  # after step_s: its stop is in no step's time
@@ -594,43 +576,6 @@ class ActiveProfiler(Profiler):
             self._calls.append(call)
 
     # ---- off the hot path ----------------------------------------------------------------
-
-    def _resolve_ready(self) -> None:
-        """Ship the finished steps whose marks all happened (the shipper thread, before it
-        builds a batch). An error is left for the training thread, which turns profiling off."""
-        try:
-            with self._resolve_lock:
-                self._resolve(force=False)
-        except Exception as exc:
-            self._resolve_error = exc
-
-    def _resolve(self, *, force: bool) -> None:
-        """Ship the oldest finished steps whose marks all happened (blocks only when forced).
-        The caller holds _resolve_lock."""
-        clock = self._clock
-        deadline = time.monotonic() + self.config.close_timeout_s  # one budget for all steps
-        while self._unresolved:
-            record = self._unresolved[0]
-            if not record.is_resolved(clock):
-                if force:
-                    _wait_for(record, clock, deadline=deadline)
-                elif len(self._unresolved) <= _MAX_UNRESOLVED_STEPS:
-                    return
-            self._unresolved.popleft()
-            row, collective_rows = record.to_rows(clock, self._groups.mesh_dims)
-            self.shipper.add("steps", row)
-            for collective_row in collective_rows:
-                self.shipper.add("collectives", collective_row)
-            if record.custom:
-                self.shipper.add(
-                    "events",
-                    {
-                        "ts": row["ts"],
-                        "kind": "custom",
-                        "message": "record",
-                        "attributes": _json_safe({"step": record.step, **record.custom}),
-                    },
-                )
 
     def _send_start(self) -> None:
         """The `start` event: when this process started, its restart count, scheduler times."""
@@ -669,6 +614,7 @@ class ActiveProfiler(Profiler):
             return  # the clock cannot change under recorded steps
         self._device_type = device_type
         self._clock = build_clock(device_type)
+        self._finished.clock = self._clock
         if self._tap is not None:
             self._tap.clock = self._clock
         if device_type == "cuda":
@@ -757,10 +703,7 @@ class ActiveProfiler(Profiler):
         clock = self._clock
         if clock.name == "cpu":
             return None
-        calls = list(self._calls)
-        for record in list(self._unresolved):
-            calls.extend(record.calls)
-        return calls, clock.is_ready
+        return [*self._calls, *self._finished.calls()], clock.is_ready
 
     def _training_state(self) -> TrainingState:
         """The progress marks the training thread stored (read by the watchdog thread)."""
@@ -853,29 +796,3 @@ def _current_device_type() -> str:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return "cuda"
     return "cpu"
-
-
-def _wait_for(record: StepRecord, clock: Clock, *, deadline: float) -> None:
-    """Block (only at close) until the record's marks happened, or time.monotonic() passed
-    `deadline`."""
-    for call in record.calls:
-        while call.end is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        if call.end is not None:
-            clock.wait(call.end)
-    for spans in record.sections.values():
-        clock.wait(spans[-1][1])
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bool | int | str) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return _json_safe(value.item())
-    return str(value)

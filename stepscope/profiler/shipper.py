@@ -148,7 +148,6 @@ class Shipper:
         start: bool = True,
         tee: Callable[[str, list[dict[str, Any]]], None] | None = None,
         on_capture: Callable[[Any], None] | None = None,
-        before_batch: Callable[[], None] | None = None,
     ) -> None:
         assert config.url is not None
         self._config = config
@@ -156,9 +155,9 @@ class Shipper:
         """Also told each batch's step and GPU rows, in this thread (the OTLP export)."""
         self._on_capture = on_capture
         """Told the deep-capture order an ingest answer carries (#21), in this thread."""
-        self._before_batch = before_batch
+        self.before_batch: Callable[[], None] | None = None
         """Called in this thread before it builds batches: the profiler adds the rows of its
-        finished steps (it catches its own errors)."""
+        finished steps there (set once, before any step; it catches its own errors)."""
         self._flush_interval_s = config.flush_interval_s or default_flush_interval_s(
             int(job.get("world_size") or 1)
         )
@@ -257,8 +256,8 @@ class Shipper:
         try:
             self._load_spill()
             while True:
-                if self._before_batch is not None:
-                    self._before_batch()
+                if self.before_batch is not None:
+                    self.before_batch()
                 self._build_batches()
                 now = time.monotonic()
                 stopping = self._stopping.is_set()

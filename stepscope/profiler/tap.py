@@ -137,6 +137,9 @@ class CollectiveTap:
         self._library: Any = None
         self._pending_work: dict[Any, CollectiveCall] = {}
         self._pending_tensors: dict[int, CollectiveCall] = {}
+        """Functional collectives by the data_ptr() of their result tensor(s), until its
+        wait_tensor. Not by id(): the object wait_tensor gets is not always the one the op
+        returned (tensor parallelism's, under autograd)."""
         self.unobserved: list[tuple[Any, CollectiveCall]] = []
         """Works issued on the CPU clock and not yet looked at (observe()) or waited."""
         self.waiting: CollectiveCall | None = None

@@ -15,7 +15,7 @@ from torch import nn
 from torch._C._distributed_c10d import ProcessGroup
 
 import stepscope
-from stepscope.profiler import active
+from stepscope.profiler import finished
 from stepscope.profiler.base import NULL_CONTEXT, Profiler
 from stepscope.profiler.steps import StepRecord
 from tests.live_server import RunningServer, read_rows
@@ -188,7 +188,7 @@ def test_the_shipper_thread_turns_finished_steps_into_rows(
             with prof.section("forward"):
                 time.sleep(0.001)
     deadline = time.monotonic() + 30.0
-    while prof._unresolved and time.monotonic() < deadline:  # type: ignore[attr-defined]
+    while len(prof._finished) and time.monotonic() < deadline:  # type: ignore[attr-defined]
         time.sleep(0.05)
     assert threads == ["stepscope-shipper"] * 40
     prof.close()
@@ -201,17 +201,17 @@ def test_steps_the_shipper_thread_does_not_take_are_turned_into_rows_by_the_trai
     live_server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads = _rows_built_by_thread(monkeypatch)
-    monkeypatch.setattr(active, "_MAX_HELD_STEPS", 8)
-    monkeypatch.setattr(active.ActiveProfiler, "_resolve_ready", lambda self: None)  # stuck
+    monkeypatch.setattr(finished, "MAX_HELD_STEPS", 8)
+    monkeypatch.setattr(finished.FinishedSteps, "ship_ready", lambda self: None)  # stuck
     prof = stepscope.init(job_id="rows-2", url=live_server.url, flush_interval_s=0.1)
     for _ in range(20):
         with prof.step():
             pass
-        assert len(prof._unresolved) <= 9  # type: ignore[attr-defined]
+        assert len(prof._finished) <= 9  # type: ignore[attr-defined]
     # Past 8 held steps, the step's end turns every held step into rows (on the CPU clock
     # every mark has happened): at the 9th and the 18th.
     assert set(threads) == {"MainThread"}
-    assert len(threads) == 20 - len(prof._unresolved)  # type: ignore[attr-defined]
+    assert len(threads) == 20 - len(prof._finished)  # type: ignore[attr-defined]
     prof.close()
     rows = read_rows(live_server.db_url, "steps", "rows-2")
     assert sorted(row["step"] for row in rows) == list(range(20))
