@@ -8,6 +8,7 @@ resolves them with the non-blocking `Event.query()`; nothing here synchronizes.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Protocol
 
@@ -56,7 +57,13 @@ class CpuClock:
 
 
 class CudaClock:
-    """Device timeline: timing-enabled CUDA events recorded on the current stream."""
+    """Device timeline: timing-enabled CUDA events recorded on the current stream.
+
+    Built on the training thread, whose current device its events are recorded on. Other
+    threads (the shipper's, the watchdog's) query them: a thread's current device is 0 until
+    it sets one, and its first CUDA call would create a context on GPU 0 (~0.5 GiB of it for
+    each rank of a node not on GPU 0), so each thread sets the clock's device before its
+    first query."""
 
     name = "cuda"
 
@@ -64,6 +71,11 @@ class CudaClock:
         import torch
 
         self._event_cls = torch.cuda.Event
+        self._set_device = torch.cuda.set_device
+        self.device_index: int = torch.cuda.current_device()
+        self._thread = threading.local()
+        """`on_device` is True in the threads whose current device is this clock's."""
+        self._thread.on_device = True
 
     def mark(self) -> Any:
         event = self._event_cls(enable_timing=True)
@@ -71,13 +83,22 @@ class CudaClock:
         return event
 
     def is_ready(self, mark: Mark) -> bool:
+        self._on_device()
         return bool(mark.query())
 
     def seconds_between(self, start: Mark, end: Mark) -> float:
+        self._on_device()
         return float(start.elapsed_time(end)) / 1000.0
 
     def wait(self, mark: Mark) -> None:
+        self._on_device()
         mark.synchronize()
+
+    def _on_device(self) -> None:
+        """Make this clock's device the calling thread's current one (once per thread)."""
+        if not getattr(self._thread, "on_device", False):
+            self._set_device(self.device_index)
+            self._thread.on_device = True
 
 
 def build_clock(device_type: str) -> Clock:
