@@ -71,7 +71,7 @@ def event_vs_sync_timing(torch: Any, dim: int, steps: int) -> None:
 def nvml_sampling(torch: Any, seconds: float, dim: int) -> None:
     rows: list[dict[str, Any]] = []
     # NVML counts devices in PCI order; with CUDA_VISIBLE_DEVICES set the indices may differ.
-    sampler = GpuSampler.create(interval_s=0.5, gpu_index=0, emit=rows.append)
+    sampler = GpuSampler.create(interval_s=0.5, device=0, emit=rows.append)
     print(f"== NVML sampling for {seconds:.0f} s under matmul load")
     if sampler is None:
         print("  GpuSampler.create returned None (see the log line above)")

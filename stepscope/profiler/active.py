@@ -649,13 +649,23 @@ class ActiveProfiler(Profiler):
 
     def _start_gpu_sampler(self) -> Any:
         try:
-            from .nvml import GpuSampler
+            from .nvml import GpuSampler, host_gpu
         except ImportError:
             return None
         try:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            device = host_gpu(self.env.local_rank, visible)
+            if device is None:
+                log.info(
+                    "stepscope: GPU telemetry off: no GPU of local rank %d in "
+                    "CUDA_VISIBLE_DEVICES=%r that NVML can open",
+                    self.env.local_rank,
+                    visible,
+                )
+                return None
             sampler = GpuSampler.create(
                 interval_s=self.config.gpu_interval_s,
-                gpu_index=self.env.local_rank,
+                device=device,
                 emit=functools.partial(self.shipper.add, "gpu"),
             )
             if sampler is not None:

@@ -29,6 +29,32 @@ _GPM_COLUMNS: tuple[tuple[str, str, float], ...] = (
 GPM_COLUMNS = tuple(column for column, _, _ in _GPM_COLUMNS)
 
 
+def host_gpu(local_rank: int, visible_devices: str | None) -> int | str | None:
+    """The GPU a rank trains on as NVML names it: its index on the host, or its UUID; None
+    when CUDA_VISIBLE_DEVICES names it in a way NVML cannot open (a MIG instance) or not at all.
+
+    The rank's CUDA device is taken to be its local rank (torchrun's convention), or the only
+    visible one. CUDA_VISIBLE_DEVICES (`visible_devices`) renumbers the CUDA devices a process
+    sees, while NVML counts every GPU of the host: with "4,5,6,7", local rank 1 trains on host
+    GPU 5. CUDA's numbering is taken to follow the PCI bus, as NVML's does (it does on nodes
+    of one GPU model).
+    """
+    if visible_devices is None:
+        return local_rank
+    entries = [entry.strip() for entry in visible_devices.split(",") if entry.strip()]
+    if len(entries) == 1:
+        entry = entries[0]
+    elif local_rank < len(entries):
+        entry = entries[local_rank]
+    else:
+        return None
+    if entry.isdigit():
+        return int(entry)
+    if entry.startswith("GPU-"):
+        return entry
+    return None
+
+
 class GpuSampler:
     """Samples one GPU every `interval_s` and hands each row (schema.GPU wire columns) to `emit`.
 
@@ -62,10 +88,11 @@ class GpuSampler:
         cls,
         *,
         interval_s: float = 1.0,
-        gpu_index: int,
+        device: int | str,
         emit: Callable[[dict[str, Any]], None],
     ) -> GpuSampler | None:
-        """A sampler of device `gpu_index`; None, logged once, without nvidia-ml-py or a driver."""
+        """A sampler of the host's GPU `device` (an NVML index or UUID, see host_gpu()); None,
+        logged once, without nvidia-ml-py, a driver, or that device."""
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         try:
@@ -81,9 +108,14 @@ class GpuSampler:
             logger.info("GPU telemetry off: NVML is not available (%s)", exc)
             return None
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+            if isinstance(device, str):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(device)
+                gpu_index = int(pynvml.nvmlDeviceGetIndex(handle))
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+                gpu_index = device
         except pynvml.NVMLError as exc:
-            logger.info("GPU telemetry off: no NVML device %d (%s)", gpu_index, exc)
+            logger.info("GPU telemetry off: no NVML device %s (%s)", device, exc)
             pynvml.nvmlShutdown()
             return None
         return cls(

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+import stepscope
 from stepscope import schema
-from stepscope.profiler.nvml import GpuSampler
+from stepscope.profiler.nvml import GpuSampler, host_gpu
+from tests.live_server import RunningServer, read_rows
 from tests.support import require
 
 GIB = 1024**3
@@ -73,6 +75,14 @@ class FakeNvml(types.SimpleNamespace):
 
     def nvmlDeviceGetUUID(self, handle: str) -> str:
         return f"GPU-0000-{handle}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        if not uuid.startswith("GPU-0000-handle-"):
+            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
+        return uuid.removeprefix("GPU-0000-")
+
+    def nvmlDeviceGetIndex(self, handle: str) -> int:
+        return int(handle.removeprefix("handle-"))
 
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
         return self._value("util")
@@ -135,7 +145,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 
 
 def _sampler(emit: Any = None, interval_s: float = 1.0) -> GpuSampler:
-    sampler = GpuSampler.create(interval_s=interval_s, gpu_index=3, emit=emit or (lambda row: None))
+    sampler = GpuSampler.create(interval_s=interval_s, device=3, emit=emit or (lambda row: None))
     assert sampler is not None
     return sampler
 
@@ -270,6 +280,46 @@ def test_an_emit_that_raises_does_not_stop_sampling(fake_nvml: FakeNvml) -> None
     assert len(rows) >= 3
 
 
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "expected"),
+    [
+        (3, None, 3),  # every GPU visible: CUDA's numbering is the host's
+        (1, "4,5,6,7", 5),  # the node's second job: host GPUs 4 to 7
+        (2, " 4, 5 ,6,7", 6),
+        (5, "2", 2),  # one GPU per task (Slurm): the only visible one, whatever the rank
+        (1, "GPU-aaaa,GPU-bbbb", "GPU-bbbb"),
+        (0, "MIG-1234", None),  # a MIG instance: NVML cannot open it by that name
+        (4, "0,1", None),
+        (0, "", None),  # no GPU visible
+    ],
+)
+def test_the_sampled_gpu_is_the_one_cuda_visible_devices_gives_the_rank(
+    local_rank: int, visible: str | None, expected: int | str | None
+) -> None:
+    assert host_gpu(local_rank, visible) == expected
+
+
+def test_a_gpu_named_by_uuid_is_sampled_under_its_host_index(fake_nvml: FakeNvml) -> None:
+    sampler = GpuSampler.create(device="GPU-0000-handle-6", emit=lambda row: None)
+    assert sampler is not None
+    assert sampler.gpu_index == 6
+    assert sampler.sample()["gpu_index"] == 6
+    assert sampler.uuid() == "GPU-0000-handle-6"
+
+
+def test_a_rank_of_the_nodes_second_job_samples_its_own_gpu(
+    fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, live_server: RunningServer
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    prof = stepscope.init(job_id="nvml-visible", url=live_server.url, gpu_interval_s=0.05)
+    time.sleep(0.5)  # ~10 samples
+    prof.close()
+    rows = read_rows(live_server.db_url, "gpu_samples", "nvml-visible")
+    assert rows
+    assert {row["gpu_index"] for row in rows} == {5}
+
+
 def test_missing_device_index_gives_no_sampler(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -278,7 +328,7 @@ def test_missing_device_index_gives_no_sampler(
 
     monkeypatch.setattr(fake_nvml, "nvmlDeviceGetHandleByIndex", no_device)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        assert GpuSampler.create(gpu_index=7, emit=lambda row: None) is None
+        assert GpuSampler.create(device=7, emit=lambda row: None) is None
     assert len(caplog.records) == 1
     assert "no NVML device 7" in caplog.text
     assert fake_nvml.calls == ["init", "shutdown"]
@@ -289,7 +339,7 @@ def test_without_nvidia_ml_py_there_is_no_sampler_and_one_log_line(
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        assert GpuSampler.create(gpu_index=0, emit=lambda row: None) is None
+        assert GpuSampler.create(device=0, emit=lambda row: None) is None
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "nvidia-ml-py is not installed" in caplog.text
 
@@ -307,7 +357,7 @@ def test_without_a_driver_there_is_no_sampler_and_one_log_line(
     assert isinstance(pynvml.NVMLError_LibraryNotFound, type)
 
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        assert GpuSampler.create(gpu_index=0, emit=lambda row: None) is None
+        assert GpuSampler.create(device=0, emit=lambda row: None) is None
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "NVML is not available" in caplog.text
     assert "Shared Library Not Found" in caplog.text
@@ -315,7 +365,7 @@ def test_without_a_driver_there_is_no_sampler_and_one_log_line(
 
 def test_interval_must_be_positive(fake_nvml: FakeNvml) -> None:
     with pytest.raises(ValueError, match="interval_s"):
-        GpuSampler.create(interval_s=0, gpu_index=0, emit=lambda row: None)
+        GpuSampler.create(interval_s=0, device=0, emit=lambda row: None)
 
 
 def test_the_device_is_named_by_its_nvml_uuid(fake_nvml: FakeNvml) -> None:
