@@ -120,10 +120,15 @@ class RankDirectory:
                 self._read_wall = time.time()
                 by_name: dict[str, list[RankOnNode]] = {}
                 for row in jobs.live_rank_names(self._engine, seen_within_s=self._seen_within_s):
-                    rank = RankOnNode(row["job_id"], row["rank"], row["local_rank"])
-                    names = {row["node"]} | {
-                        row["attributes"].get(k) for k in otlp_points.RANK_NAME_KEYS
-                    }
+                    attributes = row["attributes"]
+                    uuid = attributes.get("gpu.uuid")
+                    rank = RankOnNode(
+                        row["job_id"],
+                        row["rank"],
+                        row["local_rank"],
+                        uuid if isinstance(uuid, str) else None,
+                    )
+                    names = {row["node"]} | {attributes.get(k) for k in otlp_points.RANK_NAME_KEYS}
                     for name in names - {None, ""}:
                         by_name.setdefault(str(name), []).append(rank)
                 self._by_name, self._read_at = by_name, time.monotonic()

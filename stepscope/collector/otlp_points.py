@@ -54,6 +54,9 @@ ranks reported (their node, pod and host names)."""
 RANK_NAME_KEYS = ("k8s.pod.name", "host.name", "k8s.node.name")
 """A rank's attributes that name where it ran, besides its node."""
 GPU_INDEX_KEYS = ("gpu_index", "gpu", "hw.gpu.index")
+GPU_UUID_KEYS = ("gpu.uuid", "UUID")
+"""A GPU point's device UUID (dcgm-exporter's `UUID`), matched against the NVML UUID a rank
+sent (its `gpu.uuid` attribute)."""
 _PLACEMENT_KEYS = frozenset({*JOB_KEYS, *RANK_KEYS})
 
 
@@ -177,6 +180,7 @@ class RankOnNode:
     job_id: str
     rank: int
     local_rank: int | None
+    gpu_uuid: str | None = None
 
 
 NodeLookup = Callable[[set[str], str | None], dict[str, list[RankOnNode]]]
@@ -188,9 +192,10 @@ def place(
 ) -> tuple[dict[tuple[str, int], list[Point]], list[Point]]:
     """Points by (job, rank), and those no attribute placed.
 
-    A point names its job and rank, or its job and host, or only its host: a host maps to the
-    rank on it whose local rank is the point's GPU index, else to the host's only rank (or,
-    for a non-GPU point, its lowest rank).
+    A point names its job and rank, or its job and host, or only its host. On its host, a GPU
+    point goes to the rank whose GPU has the point's UUID (whichever job it belongs to), else
+    to the rank whose local rank is the point's GPU index; a host's only rank takes every
+    point, and a non-GPU point goes to the host's lowest rank.
     """
     placed: dict[tuple[str, int], list[Point]] = {}
     pending: list[tuple[Point, str | None, list[str]]] = []
@@ -223,6 +228,11 @@ def place(
 
 
 def _rank_on_host(candidates: list[RankOnNode], point: Point) -> RankOnNode | None:
+    uuid = first(point.attributes, GPU_UUID_KEYS)
+    if uuid and gpu_column(point) is not None:
+        owners = [c for c in candidates if c.gpu_uuid == str(uuid)]
+        if len(owners) == 1:
+            return owners[0]  # even on a host that two jobs share
     if len({c.job_id for c in candidates}) != 1:
         return None  # no job on that host, or several: ambiguous
     if len(candidates) == 1:

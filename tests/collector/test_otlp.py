@@ -202,6 +202,31 @@ def test_a_collectors_dcgm_relay_lands_in_the_gpu_table_by_host_and_gpu(
     assert ranks == {0: host, 1: host}  # a relay names the rank, it does not rewrite it
 
 
+def test_on_a_host_two_jobs_share_a_dcgm_gpu_point_goes_to_the_rank_with_its_uuid(
+    server: RunningServer,
+) -> None:
+    for job_id, gpus in (
+        ("shared-a", ["GPU-00000002", "GPU-00000003"]),
+        # Rank 0 on host GPU 1 (CUDA_VISIBLE_DEVICES=1,0): the UUID, not the local rank, places.
+        ("shared-b", ["GPU-00000001", "GPU-00000000"]),
+    ):
+        spec = JobSpec(
+            job_id=job_id, num_ranks=2, num_steps=5, hosts=("shared-host",), with_gpu=False
+        )
+        job = generate(spec)
+        job.gpus = gpus
+        assert not stream_job(job, server.url).failures
+    request = _dcgm_request("shared-host", ts_ns=1_800_000_000 * 10**9)
+    response = httpx.post(
+        f"{server.url}/v1/metrics", content=request.SerializeToString(), headers=PROTOBUF
+    )
+    assert response.status_code == 200, response.text
+    assert not read_rows(server.db_url, "gpu_samples", "shared-a")
+    rows = read_rows(server.db_url, "gpu_samples", "shared-b")
+    got = sorted((r["rank"], r["gpu_index"], r["util"]) for r in rows)
+    assert got == [(0, 1, 34.0), (1, 0, 87.0)]
+
+
 def _stored_counts(db_url: str) -> tuple[int, int, int]:
     return (
         len(read_rows(db_url, "ingest_batches", None)),
