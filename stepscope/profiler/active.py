@@ -350,6 +350,7 @@ class ActiveProfiler(Profiler):
         if self._watch_layout(model):
             return
         self._set_device(_device_type_of(model))
+        self._check_cuda_device(model)
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return
         timing = self.config.comm_timing
@@ -636,6 +637,23 @@ class ActiveProfiler(Profiler):
                 reason="device not in the peak FLOP/s table and no peak_flops given",
             )
 
+    def _check_cuda_device(self, model: Any) -> None:
+        """Say so when the model is on another GPU than this thread's current one: the CUDA
+        clock records its events on the current device's stream, which does not run the model."""
+        device = _device_of(model)
+        if self._device_type != "cuda" or device is None or device.index is None:
+            return
+        current = torch.cuda.current_device()
+        if device.index != current:
+            message = (
+                f"the model is on cuda:{device.index} but the current CUDA device is "
+                f"cuda:{current}: stepscope's CUDA events go on the current device's stream and "
+                f"do not time the model. Call torch.cuda.set_device({device.index}) before "
+                "stepscope.init()."
+            )
+            log.warning("stepscope: %s", message)
+            self.event("custom", message, reason="model not on the current CUDA device")
+
     def _start_flop_count(self) -> None:
         from .flops import RankFlopCounter
 
@@ -779,11 +797,17 @@ def _lifecycle_message(kind: str, attributes: dict[str, Any]) -> str:
     return "exit (failed)" if attributes.get("failed") else "exit"
 
 
-def _device_type_of(model: Any) -> str | None:
+def _device_of(model: Any) -> Any:
+    """The device of the model's first parameter (None without one)."""
     try:
-        return str(next(model.parameters()).device.type)
+        return next(model.parameters()).device
     except (AttributeError, StopIteration, TypeError):
         return None
+
+
+def _device_type_of(model: Any) -> str | None:
+    device = _device_of(model)
+    return None if device is None else str(device.type)
 
 
 def _meshes_of(model: Any) -> list[Any]:

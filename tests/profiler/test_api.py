@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +216,35 @@ def test_steps_the_shipper_thread_does_not_take_are_turned_into_rows_by_the_trai
     prof.close()
     rows = read_rows(live_server.db_url, "steps", "rows-2")
     assert sorted(row["step"] for row in rows) == list(range(20))
+
+
+class _ModelOnGpu3:
+    """What the profiler reads of a model on cuda:3 (no GPU here)."""
+
+    def parameters(self) -> Iterator[Any]:
+        yield types.SimpleNamespace(device=torch.device("cuda", 3))
+
+
+@pytest.mark.parametrize(("current", "warned"), [(0, True), (3, False)])
+def test_a_model_off_the_current_cuda_device_is_reported(
+    live_server: RunningServer, monkeypatch: pytest.MonkeyPatch, current: int, warned: bool
+) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    job_id = f"off-device-{current}"
+    prof = stepscope.init(job_id=job_id, url=live_server.url, model=_ModelOnGpu3())
+    prof.close()
+    messages = [e["message"] for e in read_rows(live_server.db_url, "events", job_id)]
+    assert not [m for m in messages if m.startswith("stepscope internal error")]
+    off_device = [m for m in messages if "current CUDA device" in m]
+    if warned:
+        assert off_device == [
+            "the model is on cuda:3 but the current CUDA device is cuda:0: stepscope's CUDA "
+            "events go on the current device's stream and do not time the model. Call "
+            "torch.cuda.set_device(3) before stepscope.init()."
+        ]
+    else:
+        assert off_device == []
 
 
 def test_user_exceptions_pass_through_the_context_managers(live_server: RunningServer) -> None:
