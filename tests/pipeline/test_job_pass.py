@@ -22,7 +22,6 @@ from tests.support import write_job_in_rounds
 
 # Segments of 200 steps: the job below spans five, and the stragglers cross boundaries.
 CONFIG = AnalysisConfig(segment_cells=16 * 200)
-NOW = time.time()
 SPEC = JobSpec(
     job_id="streamed",
     num_ranks=16,
@@ -164,6 +163,9 @@ def test_a_restarted_analyzer_resumes_from_the_stored_watermark(engine: Any) -> 
 
 def _steps_batch(rank: int, steps: range, *, step_s: float = 1.0) -> dict[str, Any]:
     n = len(steps)
+    # Stamped when written (not when the module was collected, which may be more than the
+    # hour of grace earlier on a slow machine): 2000 s ago, inside the grace period.
+    start = time.time() - 2000.0
     return {
         "job": {"job_id": "late", "world_size": 4},
         "source": {"rank": rank, "incarnation": "i", "node": f"host-{rank // 2}"},
@@ -173,7 +175,7 @@ def _steps_batch(rank: int, steps: range, *, step_s: float = 1.0) -> dict[str, A
                 "job_id": ["late"] * n,
                 "rank": [rank] * n,
                 "step": list(steps),
-                "ts": [NOW - 2000.0 + s for s in steps],
+                "ts": [start + s for s in steps],
                 "step_s": [step_s + 0.01 * rank] * n,
                 "data_s": [0.1] * n,
             }
