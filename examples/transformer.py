@@ -8,8 +8,10 @@ them, so `torchrun examples/<name>.py` finds it); tests import the examples the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +56,12 @@ def add_common_args(p: argparse.ArgumentParser, *, steps: int = 30) -> None:
     p.add_argument("--delay-rank", type=int, default=-1, help="rank that gets the delay")
     p.add_argument("--delay-phase", choices=DELAY_PHASES, default="backward")
     p.add_argument("--delay-s", type=float, default=0.0, help="delay per step, seconds")
+    p.add_argument(
+        "--delay-step-ratio",
+        type=float,
+        default=0.0,
+        help="delay at least this times the median step before --delay-from-step",
+    )
     p.add_argument("--delay-from-step", type=int, default=0, help="first delayed step")
     p.add_argument("--flush-interval-s", type=float, default=0.5)
     p.add_argument("--no-stepscope", action="store_true", help="train without stepscope at all")
@@ -179,11 +187,27 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def delay_for(args: argparse.Namespace, rank: int) -> Callable[[int], float]:
-    """step -> this rank's injected delay at that step (0 when not delayed)."""
-    delayed = rank == args.delay_rank and args.delay_s > 0
+    """step -> this rank's injected delay at that step (0 when not delayed), called once at
+    the start of every step: --delay-s, or --delay-step-ratio times the median of the rank's
+    steps before --delay-from-step (step 0 left out) if that is longer. A machine that runs
+    the steps slower runs them noisier too: a delay relative to them stands out as much."""
+    delayed = rank == args.delay_rank and (args.delay_s > 0 or args.delay_step_ratio > 0)
+    starts_s: list[float] = []
+    delay_s = args.delay_s
 
     def at(step: int) -> float:
-        return args.delay_s if delayed and step >= args.delay_from_step else 0.0
+        nonlocal delay_s
+        if not delayed:
+            return 0.0
+        if step <= args.delay_from_step and args.delay_step_ratio > 0:
+            starts_s.append(time.perf_counter())
+        if step < args.delay_from_step:
+            return 0.0
+        if len(starts_s) > 2:  # the first delayed step: the steps before it are timed
+            step_s = statistics.median(b - a for a, b in itertools.pairwise(starts_s[1:]))
+            delay_s = max(delay_s, args.delay_step_ratio * step_s)
+            starts_s.clear()
+        return delay_s
 
     return at
 
