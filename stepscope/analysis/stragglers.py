@@ -10,7 +10,9 @@ finds the stretches of `min_steps` steps or more where a rank's residuals are si
 higher than its own level elsewhere, by at least `min_effect` of the peers' metric (or,
 slow throughout, higher than the ranks' spread by `min_offset`), and by `min_step_share` of
 the job's step time. Overlapping stretches of one rank in several channels are one
-straggler, caused by the channel that costs the most time.
+straggler, caused by the channel that costs the most time, communication counting only its
+excess beyond the rank's late arrival (a rank slow in compute also finishes its collectives
+late: a pipeline stage's sends).
 
 What a straggler costs the job: in synchronous training the job steps at the pace of its
 slowest rank, so per step the job's step time with the rank is the latest arrival at the
@@ -207,8 +209,30 @@ def _by_rank_overlap(episodes: list[Episode]) -> list[list[Episode]]:
     return groups
 
 
+def _excess_s(group: list[Episode]) -> dict[Channel, float]:
+    """Per channel, the most excess time of the rank's episodes in it."""
+    excess: dict[Channel, float] = {}
+    for e in group:
+        excess[e.channel] = max(excess.get(e.channel, 0.0), e.excess_s)
+    return excess
+
+
+def _costs_s(excess: dict[Channel, float]) -> dict[Channel, float]:
+    """`excess`, communication's counted beyond the rank's data and compute excess. A rank
+    that reaches its collectives late finishes them late by as much (collective_finish_s is
+    ready time + busy time): a pipeline stage slow in compute also sends late. Only the rest
+    is the transfer's own."""
+    costs = dict(excess)
+    if "communication" in costs:
+        late_s = max(costs.get("data", 0.0), 0.0) + max(costs.get("compute", 0.0), 0.0)
+        costs["communication"] -= late_s
+    return costs
+
+
 def _main(group: list[Episode]) -> Episode:
-    return max(group, key=lambda e: e.excess_s)
+    """The episode of the channel that costs the most time (_costs_s)."""
+    costs = _costs_s(_excess_s(group))
+    return max(group, key=lambda e: (costs[e.channel], e.excess_s))
 
 
 def _window(group: list[Episode], data: StragglerInput) -> tuple[int, int, int]:
@@ -232,11 +256,9 @@ def _finding(
     first = min(e.first for e in group)
     last = max(e.last for e in group)
     ongoing = any(e.ongoing for e in group)
-    per_channel: dict[Channel, float] = {}
-    for e in group:
-        per_channel[e.channel] = max(per_channel.get(e.channel, 0.0), e.excess_s)
+    per_channel = _excess_s(group)
     main = _main(group)
-    excess_s = sum(v for v in per_channel.values() if v > 0)
+    excess_s = sum(v for v in _costs_s(per_channel).values() if v > 0)
     span = slice(first, last + 1)
     expected, synchronous = _typical_step_s(data, span, r, excess_s)
     if not (expected > 0 and excess_s > 0 and math.isfinite(excess_s)):

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze
+from stepscope.analysis.stragglers import StragglerInput, straggler_findings
 from stepscope.schema import Finding
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 from stepscope.text.findings import finding_line
@@ -316,3 +317,45 @@ def test_a_live_jobs_ragged_last_steps_make_no_straggler_after_warm_up(
 
     found = analyze(sent(frames["steps"]), collectives=sent(frames["collectives"]))
     assert [(f.kind, f.ranks, f.first_step, f.last_step) for f in _stragglers(found)] == []
+
+
+def _channel_stragglers(compute_s: float, finish_s: float) -> list[Finding]:
+    """straggler_findings of 4 ranks × 200 steps in which, from step 100, rank 2 computes
+    `compute_s` longer and its collectives finish `finish_s` later (relative to the step)."""
+    rng = np.random.default_rng(3)
+    shape = (200, 4)
+    late = np.zeros(shape, dtype=np.float32)
+    late[100:, 2] = 1.0
+    compute = (0.5 + 0.005 * rng.standard_normal(shape) + compute_s * late).astype(np.float32)
+    data = (0.01 + 0.0005 * rng.standard_normal(shape)).astype(np.float32)
+    finish = (0.6 + 0.005 * rng.standard_normal(shape) + finish_s * late).astype(np.float32)
+    step_s = np.full(shape, 0.7 + compute_s + finish_s, dtype=np.float32)
+    data_in = StragglerInput(
+        job_id="channels",
+        ranks=np.arange(4, dtype=np.int64),
+        steps=np.arange(200, dtype=np.int64),
+        step_s=step_s,
+        reference_step_s=step_s[:, 0],
+        channels={"compute": compute, "data": data, "communication": finish},
+    )
+    return straggler_findings(data_in, AnalysisConfig())
+
+
+def test_a_rank_late_at_its_collectives_is_slow_in_compute_not_communication() -> None:
+    # A pipeline stage slow in compute sends late: its collectives finish as late, and a
+    # little more. The transfer is not what is slow.
+    [f] = _channel_stragglers(compute_s=0.2, finish_s=0.25)
+    assert (f.ranks, f.cause, f.first_step) == ([2], "compute", 100)
+    assert f.evidence["excess_s"] == pytest.approx(
+        {"compute_s": 0.2, "collective_finish_s": 0.25}, abs=0.01
+    )
+    assert f.effect is not None
+    assert f.expected is not None
+    assert f.effect * f.expected == pytest.approx(0.25, abs=0.01)  # not 0.2 + 0.25
+
+
+def test_collectives_late_beyond_the_ranks_compute_are_a_communication_straggler() -> None:
+    [f] = _channel_stragglers(compute_s=0.1, finish_s=0.4)
+    assert (f.ranks, f.cause) == ([2], "communication")
+    [f] = _channel_stragglers(compute_s=0.0, finish_s=0.2)
+    assert (f.ranks, f.cause) == ([2], "communication")
