@@ -54,6 +54,9 @@ CHANNEL_METRIC: dict[Channel, str] = {
     "communication": "collective_finish_s",
 }
 
+_WAITED_TOLERANCE = 1.25
+"""A rank slow in communication by up to this times another's late arrival waited for it."""
+
 Evidence = Callable[[int, int, int], dict[str, Any]]
 """(rank, first_step, last_step) -> evidence about that rank over those steps."""
 BatchEvidence = Callable[[list[tuple[int, int, int]]], list[dict[str, Any]]]
@@ -182,6 +185,7 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
         )
     ]
     groups = _by_rank_overlap(episodes)
+    groups = [g for g in groups if not _waited_for_another(g, groups)]
     gpu: list[dict[str, Any] | None] = [None] * len(groups)
     if data.gpu_evidence is not None:
         asked = [i for i, g in enumerate(groups) if _main(g).channel == "compute"]
@@ -233,6 +237,27 @@ def _main(group: list[Episode]) -> Episode:
     """The episode of the channel that costs the most time (_costs_s)."""
     costs = _costs_s(_excess_s(group))
     return max(group, key=lambda e: (costs[e.channel], e.excess_s))
+
+
+def _waited_for_another(group: list[Episode], groups: list[list[Episode]]) -> bool:
+    """The rank is slow in communication only, by no more than `_WAITED_TOLERANCE` times what
+    another rank, over at least half of the same steps, loses arriving late (data and
+    compute): it waited for that rank. A collective's members all finish together, but
+    pipeline neighbours do not: a stage sends to and receives from a late stage late."""
+    if _main(group).channel != "communication":
+        return False
+    comm_s = _costs_s(_excess_s(group))["communication"]
+    first, last = min(e.first for e in group), max(e.last for e in group)
+    for other in groups:
+        if other[0].rank_index == group[0].rank_index:
+            continue
+        excess = _excess_s(other)
+        late_s = max(excess.get("data", 0.0), 0.0) + max(excess.get("compute", 0.0), 0.0)
+        overlap = min(last, max(e.last for e in other)) - max(first, min(e.first for e in other))
+        if late_s > 0 and overlap + 1 >= (last - first + 1) / 2:
+            if comm_s <= _WAITED_TOLERANCE * late_s:
+                return True
+    return False
 
 
 def _window(group: list[Episode], data: StragglerInput) -> tuple[int, int, int]:

@@ -319,9 +319,12 @@ def test_a_live_jobs_ragged_last_steps_make_no_straggler_after_warm_up(
     assert [(f.kind, f.ranks, f.first_step, f.last_step) for f in _stragglers(found)] == []
 
 
-def _channel_stragglers(compute_s: float, finish_s: float) -> list[Finding]:
+def _channel_stragglers(
+    compute_s: float, finish_s: float, neighbour_finish_s: float = 0.0
+) -> list[Finding]:
     """straggler_findings of 4 ranks × 200 steps in which, from step 100, rank 2 computes
-    `compute_s` longer and its collectives finish `finish_s` later (relative to the step)."""
+    `compute_s` longer and its collectives finish `finish_s` later (relative to the step),
+    rank 1's `neighbour_finish_s` later."""
     rng = np.random.default_rng(3)
     shape = (200, 4)
     late = np.zeros(shape, dtype=np.float32)
@@ -329,6 +332,7 @@ def _channel_stragglers(compute_s: float, finish_s: float) -> list[Finding]:
     compute = (0.5 + 0.005 * rng.standard_normal(shape) + compute_s * late).astype(np.float32)
     data = (0.01 + 0.0005 * rng.standard_normal(shape)).astype(np.float32)
     finish = (0.6 + 0.005 * rng.standard_normal(shape) + finish_s * late).astype(np.float32)
+    finish[100:, 1] += neighbour_finish_s
     step_s = np.full(shape, 0.7 + compute_s + finish_s, dtype=np.float32)
     data_in = StragglerInput(
         job_id="channels",
@@ -359,3 +363,12 @@ def test_collectives_late_beyond_the_ranks_compute_are_a_communication_straggler
     assert (f.ranks, f.cause) == ([2], "communication")
     [f] = _channel_stragglers(compute_s=0.0, finish_s=0.2)
     assert (f.ranks, f.cause) == ([2], "communication")
+
+
+def test_a_pipeline_neighbour_that_waited_for_a_late_stage_is_not_a_straggler() -> None:
+    # Stage 1 sends to and receives from stage 2, which computes 0.2 s late: stage 1's
+    # collectives finish about as late. Finishing later than that is a slow transfer.
+    [f] = _channel_stragglers(compute_s=0.2, finish_s=0.22, neighbour_finish_s=0.2)
+    assert (f.ranks, f.cause) == ([2], "compute")
+    found = _channel_stragglers(compute_s=0.2, finish_s=0.22, neighbour_finish_s=0.4)
+    assert [(f.ranks, f.cause) for f in found] == [([1], "communication"), ([2], "compute")]
