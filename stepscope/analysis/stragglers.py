@@ -228,9 +228,13 @@ def _costs_s(excess: dict[Channel, float]) -> dict[Channel, float]:
     is the transfer's own."""
     costs = dict(excess)
     if "communication" in costs:
-        late_s = max(costs.get("data", 0.0), 0.0) + max(costs.get("compute", 0.0), 0.0)
-        costs["communication"] -= late_s
+        costs["communication"] -= _late_s(excess)
     return costs
+
+
+def _late_s(excess: dict[Channel, float]) -> float:
+    """How late the rank arrives at its collectives: its data and compute excess."""
+    return max(excess.get("data", 0.0), 0.0) + max(excess.get("compute", 0.0), 0.0)
 
 
 def _main(group: list[Episode]) -> Episode:
@@ -251,12 +255,14 @@ def _waited_for_another(group: list[Episode], groups: list[list[Episode]]) -> bo
     for other in groups:
         if other[0].rank_index == group[0].rank_index:
             continue
-        excess = _excess_s(other)
-        late_s = max(excess.get("data", 0.0), 0.0) + max(excess.get("compute", 0.0), 0.0)
+        late_s = _late_s(_excess_s(other))
         overlap = min(last, max(e.last for e in other)) - max(first, min(e.first for e in other))
-        if late_s > 0 and overlap + 1 >= (last - first + 1) / 2:
-            if comm_s <= _WAITED_TOLERANCE * late_s:
-                return True
+        if (
+            0 < late_s
+            and comm_s <= _WAITED_TOLERANCE * late_s
+            and overlap + 1 >= (last - first + 1) / 2
+        ):
+            return True
     return False
 
 
