@@ -29,7 +29,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -185,7 +185,12 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
         )
     ]
     groups = _by_rank_overlap(episodes)
-    groups = [g for g in groups if not _waited_for_another(g, groups)]
+    late = [
+        _LateArrival(g[0].rank_index, late_s, *_span(g))
+        for g in groups
+        if (late_s := _late_s(_excess_s(g))) > 0
+    ]
+    groups = [g for g in groups if not _waited_for_another(g, late)]
     gpu: list[dict[str, Any] | None] = [None] * len(groups)
     if data.gpu_evidence is not None:
         asked = [i for i, g in enumerate(groups) if _main(g).channel == "compute"]
@@ -243,36 +248,40 @@ def _main(group: list[Episode]) -> Episode:
     return max(group, key=lambda e: (costs[e.channel], e.excess_s))
 
 
-def _waited_for_another(group: list[Episode], groups: list[list[Episode]]) -> bool:
+class _LateArrival(NamedTuple):
+    """A rank's episodes in which it reaches its collectives late (data and compute)."""
+
+    rank_index: int
+    late_s: float
+    first: int
+    last: int
+
+
+def _span(group: list[Episode]) -> tuple[int, int]:
+    """The first and last step index of a rank's episodes."""
+    return min(e.first for e in group), max(e.last for e in group)
+
+
+def _waited_for_another(group: list[Episode], late: list[_LateArrival]) -> bool:
     """The rank is slow in communication only, by no more than `_WAITED_TOLERANCE` times what
-    another rank, over at least half of the same steps, loses arriving late (data and
-    compute): it waited for that rank. A collective's members all finish together, but
-    pipeline neighbours do not: a stage sends to and receives from a late stage late."""
+    another rank, over at least half of the same steps, loses arriving late: it waited for
+    that rank. A collective's members all finish together, but pipeline neighbours do not: a
+    stage sends to and receives from a late stage late."""
     if _main(group).channel != "communication":
         return False
     comm_s = _costs_s(_excess_s(group))["communication"]
-    first, last = min(e.first for e in group), max(e.last for e in group)
-    for other in groups:
-        if other[0].rank_index == group[0].rank_index:
-            continue
-        late_s = _late_s(_excess_s(other))
-        overlap = min(last, max(e.last for e in other)) - max(first, min(e.first for e in other))
-        if (
-            0 < late_s
-            and comm_s <= _WAITED_TOLERANCE * late_s
-            and overlap + 1 >= (last - first + 1) / 2
-        ):
-            return True
-    return False
+    first, last = _span(group)
+    return any(
+        other.rank_index != group[0].rank_index
+        and comm_s <= _WAITED_TOLERANCE * other.late_s
+        and min(last, other.last) - max(first, other.first) + 1 >= (last - first + 1) / 2
+        for other in late
+    )
 
 
 def _window(group: list[Episode], data: StragglerInput) -> tuple[int, int, int]:
-    rank = int(data.ranks[group[0].rank_index])
-    return (
-        rank,
-        int(data.steps[min(e.first for e in group)]),
-        int(data.steps[max(e.last for e in group)]),
-    )
+    first, last = _span(group)
+    return int(data.ranks[group[0].rank_index]), int(data.steps[first]), int(data.steps[last])
 
 
 def _finding(
@@ -284,8 +293,7 @@ def _finding(
 ) -> Finding | None:
     r = group[0].rank_index
     rank = int(data.ranks[r])
-    first = min(e.first for e in group)
-    last = max(e.last for e in group)
+    first, last = _span(group)
     ongoing = any(e.ongoing for e in group)
     per_channel = _excess_s(group)
     main = _main(group)
@@ -371,7 +379,7 @@ def _lost_s(data: StragglerInput, groups: list[list[Episode]]) -> list[float | N
     for kind, members in by_matrix.items():
         if kind == "ready" and data.compute_includes_wait:
             continue
-        spans = [(min(e.first for e in groups[i]), max(e.last for e in groups[i])) for i in members]
+        spans = [_span(groups[i]) for i in members]
         a = min(first for first, _ in spans)
         b = max(last for _, last in spans) + 1
         if kind == "finish":
