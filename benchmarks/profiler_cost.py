@@ -130,7 +130,7 @@ bare_hook.__annotations__ = {
 
 
 def plain_segment(
-    ddp: nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]]
+    ddp: nn.Module, opt: torch.optim.Optimizer, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[float]:
     """Step times of a segment without the profiler, seconds."""
     times_s = []
@@ -149,7 +149,7 @@ def plain_segment(
 def profiled_segment(
     ddp: nn.Module,
     opt: torch.optim.Optimizer,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     prof: stepscope.Profiler,
 ) -> list[float]:
     """Step times of a segment with the profiler (its loader wait included), seconds."""

@@ -37,6 +37,9 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu": tuple(c.name for c in GPU.wire_columns),
 }
 _RETRYABLE_STATUS = (408, 429)
+_GZIP_LEVEL = 1
+"""A batch's compression, on the rank's own CPU: level 1 costs 0.18 ms for a 383-step DDP
+batch (72 KB of JSON) where level 6 took 1.03 ms, for 22 % more bytes (35 B a step)."""
 _ENCODE_CHUNK_VALUES = 500
 """Values encoded by one json.dumps call. The C encoder holds the GIL for the whole call: a
 5,000-row batch (after an outage) in one call would stall the training thread for ~50 ms."""
@@ -51,7 +54,8 @@ class _Batch:
 
     def encoded(self) -> bytes:
         if not self.body_gz:
-            self.body_gz = gzip.compress(dumps_in_chunks(self.payload).encode(), compresslevel=6)
+            text = dumps_in_chunks(self.payload).encode()
+            self.body_gz = gzip.compress(text, compresslevel=_GZIP_LEVEL)
         return self.body_gz
 
 

@@ -1,0 +1,201 @@
+"""Stepscope's CPU cost per step with no spare core for its threads: two jobs in lock-step.
+
+Two 2-rank gloo jobs of the same model (DDP or FSDP2, profiler_overhead.py's ~10 ms
+steps) run at once, rank r of each pinned to CPU core r; they take turns, one step each:
+job X steps, hands the turn to job Y, and so on (a semaphore per rank and job). So every
+step of one job has the same machine as the step of the other job just before it: the
+machine's slow swings, which move a 300-step launch's mean by several %, hit both alike.
+A cycle's CPU of a job is its process's CPU time (every thread: the shipper, the watchdog,
+gloo's) from the start of one of its steps to the start of its next one. The jobs' threads
+share each core with the other job's, so what stepscope's threads spend is on the core
+the training needs: the cost where no core is spare.
+
+Per parallelism, each round runs three launches in a random order:
+
+    x    job X under stepscope.init(model=...) (defaults, step/sections/record/loader),
+         job Y plain
+    y    the same with the roles swapped (the two orders' mean cancels what going
+         first or second does)
+    a/a  both plain: the control
+
+A launch's overhead is the mean over cycles of profiled - plain CPU, over the plain job's
+mean cycle CPU; a round's is the mean of its x and y launches. The figures are medians over
+rounds with a bootstrap 95 % interval, the A/A's beside them.
+
+    flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/overhead_lockstep.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import stepscope
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profiler_cost import (  # noqa: E402
+    GOAL_OVERHEAD_PCT,
+    _Sink,
+    build_model,
+    free_port,
+    median_ci,
+    plain_segment,
+    profiled_segment,
+)
+from profiler_overhead import verdict, wrap  # noqa: E402
+
+WORLD_SIZE = 2
+JOBS = ("X", "Y")
+LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
+"""Launch → the job that runs under stepscope."""
+SHAPES = {"ddp": (512, 3, 80), "fsdp2": (256, 1, 32)}
+"""(width, depth, batch): profiler_overhead.py's ~10 ms steps."""
+
+
+def rank_main(
+    rank: int, job: str, parallel: str, profiled: bool, steps: int, port: int, url: str, turns: Any
+) -> None:
+    """Train `steps` steps of one job's rank, each when it has the turn; its process CPU time
+    at every step start goes on turns["out"]."""
+    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})  # before gloo starts its threads
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    width, depth, batch = SHAPES[parallel]
+    model = wrap(build_model(width, depth), parallel)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(batch, width, generator=gen) for _ in range(64)]
+    batches = [(x, x.sum(dim=1, keepdim=True)) for x in xs]
+
+    mine, other = turns[(job, rank)], turns[("Y" if job == "X" else "X", rank)]
+    cpu_s: list[float] = []
+
+    def in_turn() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches, each once this rank has the turn; the turn passes when the step
+        that took it is done (the next batch is asked for)."""
+        for index in range(steps):
+            mine.acquire()
+            cpu_s.append(time.process_time())
+            yield batches[index % len(batches)]
+            other.release()
+
+    dist.barrier()
+    prof = None
+    if profiled:
+        prof = stepscope.init(job_id=f"bench-lockstep-{port}", url=url, model=model)
+        assert prof.enabled
+        profiled_segment(model, opt, in_turn(), prof)
+    else:
+        plain_segment(model, opt, in_turn())
+    turns["out"].put((job, rank, cpu_s))
+    turns["out"].close()
+    turns["out"].join_thread()  # sent before os._exit below
+    if prof is not None:
+        prof.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)  # gloo can abort at interpreter exit
+
+
+def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> dict[str, list[float]]:
+    """Both jobs in lock-step; per job, each cycle's process CPU (seconds, the ranks' mean)."""
+    ctx = mp.get_context("fork")  # the parent has imported torch but run no torch op
+    turns: dict[Any, Any] = {(job, rank): ctx.Semaphore(0) for job in JOBS for rank in range(2)}
+    turns["out"] = ctx.Queue()
+    for rank in range(WORLD_SIZE):
+        turns[("X", rank)].release()  # X steps first
+    procs = []
+    for job in JOBS:
+        port = free_port()
+        for rank in range(WORLD_SIZE):
+            args = (rank, job, parallel, job == profiled_job, steps, port, url, turns)
+            procs.append(ctx.Process(target=rank_main, args=args))
+    for proc in procs:
+        proc.start()
+    starts = {}
+    for _ in procs:
+        job, rank, cpu_s = turns["out"].get(timeout=1800)
+        starts[(job, rank)] = cpu_s
+    for proc in procs:
+        proc.join(120)
+    cycles = {}
+    for job in JOBS:
+        per_rank = [[b - a for a, b in pairwise(starts[(job, r)])] for r in range(WORLD_SIZE)]
+        cycles[job] = [statistics.fmean(pair) for pair in zip(*per_rank, strict=True)]
+    return cycles
+
+
+def overhead_pct(cycles: dict[str, list[float]], profiled_job: str | None, warmup: int) -> float:
+    """The profiled job's mean cycle CPU over the plain one's, in % above it (a/a: Y's over
+    X's)."""
+    profiled_job = profiled_job or "Y"
+    plain_job = "Y" if profiled_job == "X" else "X"
+    profiled, plain = cycles[profiled_job][warmup:], cycles[plain_job][warmup:]
+    return (statistics.fmean(profiled) / statistics.fmean(plain) - 1) * 100
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=1500, help="steps of each job per launch")
+    p.add_argument("--parallel", default="ddp,fsdp2", help="comma-separated")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    warmup = args.steps // 10
+    rng = random.Random(args.seed)
+    print(
+        f"Two 2-rank gloo jobs in lock-step, rank r of both on core r; {args.rounds} rounds of "
+        f"launches x, y, a/a in a random order; {args.steps} steps per job and launch, the "
+        f"first {warmup} discarded. Process CPU per cycle, profiled job over plain job:"
+    )
+    for parallel in args.parallel.split(","):
+        rounds: list[dict[str, float]] = []
+        cycle_ms: list[float] = []
+        for index in range(args.rounds):
+            figures = {}
+            for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
+                profiled_job = LAUNCHES[name]
+                cycles = launch(parallel, profiled_job, args.steps, url)
+                figures[name] = overhead_pct(cycles, profiled_job, warmup)
+                plain_job = "Y" if profiled_job == "X" else "X"
+                cycle_ms.append(statistics.fmean(cycles[plain_job][warmup:]) * 1e3)
+            rounds.append(figures)
+            print(
+                f"  {parallel} round {index + 1}: x {figures['x']:+.2f} %, y {figures['y']:+.2f} %,"
+                f" a/a {figures['a/a']:+.2f} %",
+                flush=True,
+            )
+        both = [(r["x"] + r["y"]) / 2 for r in rounds]
+        median, low, high = median_ci(both)
+        aa, aa_low, aa_high = median_ci([r["a/a"] for r in rounds])
+        print(
+            f"{parallel.upper()} CPU per step, no spare core: {median:+.2f} % [95 % CI "
+            f"{low:+.2f} .. {high:+.2f}] of the plain job's {statistics.median(cycle_ms):.2f} ms; "
+            f"A/A {aa:+.2f} % [{aa_low:+.2f} .. {aa_high:+.2f}]; goal <= "
+            f"{GOAL_OVERHEAD_PCT:.0f} %: {verdict(median, high, aa_low, aa_high)}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
