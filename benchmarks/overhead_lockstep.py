@@ -61,6 +61,7 @@ from profiler_overhead import verdict, wrap  # noqa: E402
 
 WORLD_SIZE = 2
 JOBS = ("X", "Y")
+OTHER = {"X": "Y", "Y": "X"}
 LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
 """Launch → the job that runs under stepscope."""
 SHAPES = {"ddp": (512, 3, 80), "fsdp2": (256, 1, 32)}
@@ -84,7 +85,7 @@ def rank_main(
     xs = [torch.randn(batch, width, generator=gen) for _ in range(64)]
     batches = [(x, x.sum(dim=1, keepdim=True)) for x in xs]
 
-    mine, other = turns[(job, rank)], turns[("Y" if job == "X" else "X", rank)]
+    mine, other = turns[(job, rank)], turns[(OTHER[job], rank)]
     cpu_s: list[float] = []
 
     def in_turn() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -117,7 +118,9 @@ def rank_main(
 def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> dict[str, list[float]]:
     """Both jobs in lock-step; per job, each cycle's process CPU (seconds, the ranks' mean)."""
     ctx = mp.get_context("fork")  # the parent has imported torch but run no torch op
-    turns: dict[Any, Any] = {(job, rank): ctx.Semaphore(0) for job in JOBS for rank in range(2)}
+    turns: dict[Any, Any] = {
+        (job, rank): ctx.Semaphore(0) for job in JOBS for rank in range(WORLD_SIZE)
+    }
     turns["out"] = ctx.Queue()
     for rank in range(WORLD_SIZE):
         turns[("X", rank)].release()  # X steps first
@@ -142,13 +145,15 @@ def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> dic
     return cycles
 
 
-def overhead_pct(cycles: dict[str, list[float]], profiled_job: str | None, warmup: int) -> float:
+def compare(
+    cycles: dict[str, list[float]], profiled_job: str | None, warmup: int
+) -> tuple[float, float]:
     """The profiled job's mean cycle CPU over the plain one's, in % above it (a/a: Y's over
-    X's)."""
+    X's), and the plain job's mean cycle CPU in ms."""
     profiled_job = profiled_job or "Y"
-    plain_job = "Y" if profiled_job == "X" else "X"
-    profiled, plain = cycles[profiled_job][warmup:], cycles[plain_job][warmup:]
-    return (statistics.fmean(profiled) / statistics.fmean(plain) - 1) * 100
+    profiled = statistics.fmean(cycles[profiled_job][warmup:])
+    plain = statistics.fmean(cycles[OTHER[profiled_job]][warmup:])
+    return (profiled / plain - 1) * 100, plain * 1e3
 
 
 def main() -> None:
@@ -174,11 +179,9 @@ def main() -> None:
         for index in range(args.rounds):
             figures = {}
             for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
-                profiled_job = LAUNCHES[name]
-                cycles = launch(parallel, profiled_job, args.steps, url)
-                figures[name] = overhead_pct(cycles, profiled_job, warmup)
-                plain_job = "Y" if profiled_job == "X" else "X"
-                cycle_ms.append(statistics.fmean(cycles[plain_job][warmup:]) * 1e3)
+                cycles = launch(parallel, LAUNCHES[name], args.steps, url)
+                figures[name], plain_ms = compare(cycles, LAUNCHES[name], warmup)
+                cycle_ms.append(plain_ms)
             rounds.append(figures)
             print(
                 f"  {parallel} round {index + 1}: x {figures['x']:+.2f} %, y {figures['y']:+.2f} %,"
