@@ -152,8 +152,12 @@ class DdpStepTimer:
         self._num_buckets = _bucket_count(ddp, params)
         self._armed = True
         self._compute_done: Mark | None = None
-        # Two parameters, in case one is unused in a step: the first hook to fire times it.
-        watched = {id(p): p for p in (params[0], params[-1])} if params else {}
+        # One parameter where DDP requires every one to get a gradient in every step; else
+        # two, in case one is unused in a step: the first hook to fire times it (each hook is
+        # a call into Python from the autograd engine, every step).
+        may_skip = ddp.find_unused_parameters or ddp.static_graph
+        ends = params[:1] + params[-1:] if may_skip else params[:1]
+        watched = {id(p): p for p in ends}
         self._handles = [
             p.register_post_accumulate_grad_hook(self._gradient_arrived) for p in watched.values()
         ]

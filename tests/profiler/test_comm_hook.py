@@ -151,3 +151,44 @@ def test_step_timer_records_one_all_reduce_per_synchronising_backward() -> None:
         # The count is DDP's bucket count after its rebuild (two here), bytes all gradients.
         assert set(result["calls"]) == {("all_reduce", WORLD_SIZE, result["bucket_bytes"], True, 2)}
         assert result["ordered"]
+
+
+class SkipsFirst(nn.Module):
+    """Its first parameter gets no gradient in odd steps (DDP needs find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(64, 64)
+        self.body = build_model()
+
+    def forward(self, x: torch.Tensor, skip: bool) -> torch.Tensor:
+        return self.body(x if skip else self.first(x))
+
+
+def time_unused(rank: int, port: int, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        handles = {}
+        calls: list[CollectiveCall] = []
+        for name, unused in (("default", False), ("find_unused", True)):
+            model = DistributedDataParallel(SkipsFirst(), find_unused_parameters=unused)
+            timer = DdpStepTimer(
+                model, clock=CpuClock(), record=calls.append, groups=GroupRegistry()
+            )
+            handles[name] = len(timer._handles)
+        gen = torch.Generator().manual_seed(rank)
+        for step in range(NUM_STEPS + 1):
+            model(torch.randn(8, 64, generator=gen), skip=step % 2 == 1).sum().backward()
+        queue.put({"rank": rank, "handles": handles, "num_calls": len(calls)})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_timer_watches_a_second_parameter_only_where_one_may_get_no_gradient() -> None:
+    for result in run_ranks(time_unused, 2):
+        # Default DDP: every parameter gets a gradient in every step, one hook is enough.
+        assert result["handles"] == {"default": 1, "find_unused": 2}
+        # Steps whose first parameter got no gradient are timed by the last one's hook.
+        assert result["num_calls"] == NUM_STEPS + 1
