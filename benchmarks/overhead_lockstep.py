@@ -20,7 +20,9 @@ Per parallelism, each round runs three launches in a random order:
 
 A launch's overhead is the mean over cycles of profiled - plain CPU, over the plain job's
 mean cycle CPU; a round's is the mean of its x and y launches. The figures are medians over
-rounds with a bootstrap 95 % interval, the A/A's beside them.
+rounds with a bootstrap 95 % interval, the A/A's beside them. The training thread's own CPU
+per cycle (profiled - plain, µs) is printed beside: the rest of the added CPU is the other
+threads' (stepscope's shipper and watchdog, gloo's, the caches' misses they cause).
 
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/overhead_lockstep.py
 """
@@ -71,8 +73,8 @@ SHAPES = {"ddp": (512, 3, 80), "fsdp2": (256, 1, 32)}
 def rank_main(
     rank: int, job: str, parallel: str, profiled: bool, steps: int, port: int, url: str, turns: Any
 ) -> None:
-    """Train `steps` steps of one job's rank, each when it has the turn; its process CPU time
-    at every step start goes on turns["out"]."""
+    """Train `steps` steps of one job's rank, each when it has the turn; its process and
+    training-thread CPU times at every step start go on turns["out"]."""
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})  # before gloo starts its threads
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
@@ -86,14 +88,14 @@ def rank_main(
     batches = [(x, x.sum(dim=1, keepdim=True)) for x in xs]
 
     mine, other = turns[(job, rank)], turns[(OTHER[job], rank)]
-    cpu_s: list[float] = []
+    cpu_s: list[tuple[float, float]] = []
 
     def in_turn() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches, each once this rank has the turn; the turn passes when the step
         that took it is done (the next batch is asked for)."""
         for index in range(steps):
             mine.acquire()
-            cpu_s.append(time.process_time())
+            cpu_s.append((time.process_time(), time.thread_time()))
             yield batches[index % len(batches)]
             other.release()
 
@@ -115,8 +117,12 @@ def rank_main(
     os._exit(0)  # gloo can abort at interpreter exit
 
 
-def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> dict[str, list[float]]:
-    """Both jobs in lock-step; per job, each cycle's process CPU (seconds, the ranks' mean)."""
+Cycles = dict[tuple[str, int], list[float]]
+"""(job, 0: the process or 1: its training thread) → each cycle's CPU, seconds, the ranks' mean."""
+
+
+def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> Cycles:
+    """Both jobs in lock-step; per job, each cycle's process and training-thread CPU."""
     ctx = mp.get_context("fork")  # the parent has imported torch but run no torch op
     turns: dict[Any, Any] = {
         (job, rank): ctx.Semaphore(0) for job in JOBS for rank in range(WORLD_SIZE)
@@ -140,20 +146,25 @@ def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> dic
         proc.join(120)
     cycles = {}
     for job in JOBS:
-        per_rank = [[b - a for a, b in pairwise(starts[(job, r)])] for r in range(WORLD_SIZE)]
-        cycles[job] = [statistics.fmean(pair) for pair in zip(*per_rank, strict=True)]
+        for clock in (0, 1):
+            per_rank = [
+                [b[clock] - a[clock] for a, b in pairwise(starts[(job, r)])]
+                for r in range(WORLD_SIZE)
+            ]
+            cycles[(job, clock)] = [statistics.fmean(pair) for pair in zip(*per_rank, strict=True)]
     return cycles
 
 
-def compare(
-    cycles: dict[str, list[float]], profiled_job: str | None, warmup: int
-) -> tuple[float, float]:
+def compare(cycles: Cycles, profiled_job: str | None, warmup: int) -> tuple[float, float, float]:
     """The profiled job's mean cycle CPU over the plain one's, in % above it (a/a: Y's over
-    X's), and the plain job's mean cycle CPU in ms."""
+    X's), the plain job's mean cycle CPU in ms, and the training thread's difference in µs."""
     profiled_job = profiled_job or "Y"
-    profiled = statistics.fmean(cycles[profiled_job][warmup:])
-    plain = statistics.fmean(cycles[OTHER[profiled_job]][warmup:])
-    return (profiled / plain - 1) * 100, plain * 1e3
+    profiled, plain, thread_profiled, thread_plain = (
+        statistics.fmean(cycles[(job, clock)][warmup:])
+        for clock in (0, 1)
+        for job in (profiled_job, OTHER[profiled_job])
+    )
+    return (profiled / plain - 1) * 100, plain * 1e3, (thread_profiled - thread_plain) * 1e6
 
 
 def main() -> None:
@@ -175,17 +186,20 @@ def main() -> None:
     )
     for parallel in args.parallel.split(","):
         rounds: list[dict[str, float]] = []
+        threads: list[dict[str, float]] = []
         cycle_ms: list[float] = []
         for index in range(args.rounds):
-            figures = {}
+            figures, thread_us = {}, {}
             for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
                 cycles = launch(parallel, LAUNCHES[name], args.steps, url)
-                figures[name], plain_ms = compare(cycles, LAUNCHES[name], warmup)
+                figures[name], plain_ms, thread_us[name] = compare(cycles, LAUNCHES[name], warmup)
                 cycle_ms.append(plain_ms)
             rounds.append(figures)
+            threads.append(thread_us)
             print(
                 f"  {parallel} round {index + 1}: x {figures['x']:+.2f} %, y {figures['y']:+.2f} %,"
-                f" a/a {figures['a/a']:+.2f} %",
+                f" a/a {figures['a/a']:+.2f} %; training thread x {thread_us['x']:+.1f} µs, "
+                f"y {thread_us['y']:+.1f} µs, a/a {thread_us['a/a']:+.1f} µs",
                 flush=True,
             )
         both = [(r["x"] + r["y"]) / 2 for r in rounds]
@@ -196,6 +210,14 @@ def main() -> None:
             f"{low:+.2f} .. {high:+.2f}] of the plain job's {statistics.median(cycle_ms):.2f} ms; "
             f"A/A {aa:+.2f} % [{aa_low:+.2f} .. {aa_high:+.2f}]; goal <= "
             f"{GOAL_OVERHEAD_PCT:.0f} %: {verdict(median, high, aa_low, aa_high)}",
+            flush=True,
+        )
+        thread, thread_low, thread_high = median_ci([(t["x"] + t["y"]) / 2 for t in threads])
+        thread_aa, thread_aa_low, thread_aa_high = median_ci([t["a/a"] for t in threads])
+        print(
+            f"{parallel.upper()} of which the training thread: {thread:+.1f} µs per step [95 % CI "
+            f"{thread_low:+.1f} .. {thread_high:+.1f}]; A/A {thread_aa:+.1f} µs "
+            f"[{thread_aa_low:+.1f} .. {thread_aa_high:+.1f}]",
             flush=True,
         )
 

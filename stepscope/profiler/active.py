@@ -115,7 +115,8 @@ class _Section:
     def __enter__(self) -> None:
         prof = self._prof
         try:
-            _observe_collectives(prof)
+            if prof._unobserved:  # a boundary: see ActiveProfiler._unobserved
+                prof._tap.observe()
             self._start = prof._clock.mark()
             self._outer, prof._section = prof._section, self._name  # for the watchdog
         except Exception as exc:
@@ -124,7 +125,8 @@ class _Section:
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
         prof._section = self._outer
-        _observe_collectives(prof)
+        if prof._unobserved:
+            prof._tap.observe()
         current = prof._current
         if current is None or self._start is None or prof._broken:
             return False
@@ -138,14 +140,6 @@ class _Section:
         except Exception as exc:
             prof._fail(exc)
         return False
-
-
-def _observe_collectives(prof: ActiveProfiler) -> None:
-    """A boundary in the training loop: the tap looks at the async work issued since its
-    last look (completed ones end here; the rest get a completion callback)."""
-    tap = prof._tap
-    if tap is not None and tap.unobserved:
-        tap.observe()
 
 
 class _Phase:
@@ -310,6 +304,10 @@ class ActiveProfiler(Profiler):
                 max_calls=_MAX_CALLS_OUTSIDE_STEPS,
             )
             self._tap.install()
+        self._unobserved: list[Any] = self._tap.unobserved if self._tap is not None else []
+        """The tap's async work not yet looked at: at each boundary in the training loop
+        (a section's or step's start or end) the tap looks at it (completed work ends there;
+        the rest gets a completion callback). Read inline there: a call costs a frame."""
         self._gpu_sampler = self._start_gpu_sampler()
         self._watchdog = self._start_watchdog(source)
         if model is not None:
@@ -542,7 +540,8 @@ class ActiveProfiler(Profiler):
         self._current = None
         now = time.perf_counter()
         record.step_s = now - self._step_start
-        _observe_collectives(self)
+        if self._unobserved:
+            self._tap.observe()
         self._ended_step, self._ended_at = record.step, now
         record.calls = self._calls.copy()  # the tap appends to this list: keep it
         self._calls.clear()

@@ -141,7 +141,8 @@ class CollectiveTap:
         wait_tensor. Not by id(): the object wait_tensor gets is not always the one the op
         returned (tensor parallelism's, under autograd)."""
         self.unobserved: list[tuple[Any, CollectiveCall]] = []
-        """Works issued on the CPU clock and not yet looked at (observe()) or waited."""
+        """Works issued on the CPU clock and not yet looked at (observe()) or waited; the
+        same list for the tap's life."""
         self.waiting: CollectiveCall | None = None
         """The collective the training thread is blocked in now (for the hang watchdog)."""
         self.clock = clock
@@ -304,7 +305,8 @@ class CollectiveTap:
         """Look at the works issued and not waited since the last look: completed ones end
         now; those still in flight get a completion callback (their transfer overlaps the
         caller's own work)."""
-        unobserved, self.unobserved = self.unobserved, []
+        unobserved = self.unobserved.copy()
+        self.unobserved.clear()  # the same list for the tap's life: the profiler holds it
         try:
             for work, call in unobserved:
                 self._hold(work, call)
