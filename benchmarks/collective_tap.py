@@ -67,7 +67,7 @@ from stepscope.profiler.timer import build_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profiler_cost import _Sink, median_ci  # noqa: E402
+from profiler_cost import _Sink, host_speed_text, median_ci  # noqa: E402
 
 GOAL_US_PER_CALL = 5.0
 ARMS = ("off", "bare", "tap", "step", "step+tap")
@@ -277,7 +277,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}"
     print(
         f"Collective tap cost per call: {args.rounds} rounds x {len(ARMS)} arms, random order; "
-        f"the step arms issue {CALLS_PER_STEP} calls per prof.step()"
+        f"the step arms issue {CALLS_PER_STEP} calls per prof.step(); {host_speed_text()}"
     )
     for backend in args.backends.split(","):
         missed = print_backend(backend, run_backend(backend, args, url), args.calls)

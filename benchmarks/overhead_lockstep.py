@@ -55,6 +55,7 @@ from profiler_cost import (  # noqa: E402
     _Sink,
     build_model,
     free_port,
+    host_speed_text,
     median_ci,
     plain_segment,
     profiled_segment,
@@ -182,7 +183,8 @@ def main() -> None:
     print(
         f"Two 2-rank gloo jobs in lock-step, rank r of both on core r; {args.rounds} rounds of "
         f"launches x, y, a/a in a random order; {args.steps} steps per job and launch, the "
-        f"first {warmup} discarded. Process CPU per cycle, profiled job over plain job:"
+        f"first {warmup} discarded. Process CPU per cycle, profiled job over plain job; "
+        f"{host_speed_text()}:"
     )
     for parallel in args.parallel.split(","):
         rounds: list[dict[str, float]] = []

@@ -57,7 +57,6 @@ ENTRY_POINTS = {
         "step",
         "section",
         "record",
-        "_add_data_time",
     ),
     "stepscope.profiler.finished.FinishedSteps": ("_ship",),
     "stepscope.profiler.comm.DdpStepTimer": ("_gradients_computed", "_gradients_reduced"),

@@ -190,7 +190,14 @@ class _TimedLoader:
                 batch = next(iterator)
             except StopIteration:
                 return
-            prof._add_data_time(start, clock())
+            waited_s = clock() - start
+            current = prof._current
+            if current is not None:
+                current.data_s += waited_s
+            else:  # before step(): the next step's, which starts at the first wait
+                if prof._pre_data_start is None:
+                    prof._pre_data_start = start
+                prof._pre_data_s += waited_s
             yield batch
 
     def __len__(self) -> int:
@@ -396,22 +403,26 @@ class ActiveProfiler(Profiler):
             self.shipper.update_source(mesh=dict(groups.mesh))
         return not is_model
 
-    @_fail_open()
     def record(
         self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
     ) -> None:
-        values = self._current.values if self._current is not None else self._pre_values
-        if tokens is not None:
-            values["tokens"] = int(tokens)
-        if samples is not None:
-            values["samples"] = int(samples)
-        for key, value in custom.items():
-            if key in _STEP_COLUMNS:
-                values[key] = value
-            elif self._current is not None:
-                self._current.custom[key] = value
-            else:
-                values.setdefault("_custom", {})[key] = value
+        if self._broken:
+            return
+        try:  # fail-open as _fail_open() makes it, without its frame: called every step
+            values = self._current.values if self._current is not None else self._pre_values
+            if tokens is not None:
+                values["tokens"] = int(tokens)
+            if samples is not None:
+                values["samples"] = int(samples)
+            for key, value in custom.items():
+                if key in _STEP_COLUMNS:
+                    values[key] = value
+                elif self._current is not None:
+                    self._current.custom[key] = value
+                else:
+                    values.setdefault("_custom", {})[key] = value
+        except Exception as exc:
+            self._fail(exc)
 
     @_fail_open()
     def event(self, kind: str, message: str, **attributes: Any) -> None:
@@ -561,15 +572,6 @@ class ActiveProfiler(Profiler):
         capture = self._capture
         if capture is not None and capture.armed:
             capture.after_step(record.step)  # after step_s: its stop is in no step's time
-
-    def _add_data_time(self, start: float, end: float) -> None:
-        current = self._current
-        if current is not None:
-            current.data_s += end - start
-            return
-        if self._pre_data_start is None:
-            self._pre_data_start = start
-        self._pre_data_s += end - start
 
     def _record_call(self, call: CollectiveCall) -> None:
         if not self._broken and len(self._calls) < _MAX_CALLS_OUTSIDE_STEPS:

@@ -369,7 +369,11 @@ class CollectiveTap:
                 call.waits.append((start, end))
             if call.end is None:
                 call.end = end
-                _completed_seq(call)
+                # _completed_seq(call), inline: every waited collective comes here
+                if call.seq is not None and call.seq > call.group.completed_seq:
+                    call.group.completed_seq = call.seq
+                elif call.channel is not None and call.channel_seq > call.channel.completed_seq:
+                    call.channel.completed_seq = call.channel_seq
             elif self._on_cpu and start <= call.end < end:
                 # Completed while this thread sat in the wait: it was busy until the
                 # thread resumed (the backend's thread stamped it earlier).
