@@ -155,7 +155,9 @@ class DdpStepTimer:
         # One parameter where DDP requires every one to get a gradient in every step; else
         # two, in case one is unused in a step: the first hook to fire times it (each hook is
         # a call into Python from the autograd engine, every step).
-        may_skip = ddp.find_unused_parameters or ddp.static_graph
+        may_skip = getattr(ddp, "find_unused_parameters", True) or getattr(
+            ddp, "static_graph", True
+        )
         ends = params[:1] + params[-1:] if may_skip else params[:1]
         watched = {id(p): p for p in ends}
         self._handles = [

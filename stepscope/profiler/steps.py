@@ -61,7 +61,7 @@ class StepRecord:
         """The steps row and the collectives rows of this step; unresolved marks are skipped.
 
         `mesh_dims` labels groups (by name) with the mesh dimension they span."""
-        # Runs once per step on the training thread: plain loops, no helper calls per value.
+        # Runs once per step (on the shipper thread): plain loops, no helper calls per value.
         ready = clock.is_ready
         between = clock.seconds_between
         scale = _DURATION_SCALE
