@@ -53,7 +53,7 @@ def make_ddp_hook(
 
     allreduce = untapped("allreduce")
 
-    failed = _Failure(on_error)
+    failure = _Failure(on_error)
     sizes: dict[int, int] = {}
 
     def hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
@@ -61,7 +61,7 @@ def make_ddp_hook(
         tensor = bucket.buffer()
         call: CollectiveCall | None = None
         size = sizes.get(id(group))
-        if not failed:
+        if not failure.failed:
             try:
                 info = groups.of(group)
                 size = sizes[id(group)] = info.size
@@ -76,7 +76,7 @@ def make_ddp_hook(
                 )
                 record(call)
             except Exception as exc:
-                failed.report(exc)
+                failure.report(exc)
                 call = None
         if size is None:
             size = sizes[id(group)] = group.size()
@@ -142,7 +142,7 @@ class DdpStepTimer:
         on_error: OnError | None = None,
     ) -> None:
         self._ddp = ddp
-        self._failed = _Failure(on_error)
+        self._failure = _Failure(on_error)
         self._mark = clock.mark
         self._record = record
         self._group = groups.of(ddp.process_group)
@@ -181,7 +181,7 @@ class DdpStepTimer:
 
     def _gradients_reduced(self) -> None:
         start, self._compute_done = self._compute_done, None
-        if self._failed:
+        if self._failure.failed:  # the attribute: a __bool__ would cost a frame each step
             return
         try:
             group = self._group
@@ -199,7 +199,7 @@ class DdpStepTimer:
                 )
             )
         except Exception as exc:
-            self._failed.report(exc)
+            self._failure.report(exc)
 
 
 class _Failure:
@@ -210,9 +210,6 @@ class _Failure:
     def __init__(self, on_error: OnError | None) -> None:
         self._on_error = on_error
         self.failed = False
-
-    def __bool__(self) -> bool:
-        return self.failed
 
     def report(self, exc: BaseException) -> None:
         self.failed = True

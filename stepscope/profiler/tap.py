@@ -211,14 +211,18 @@ class CollectiveTap:
         self, original: Any, name: str, op: str, position: int | None
     ) -> Callable[..., Any]:
         tap = self
-        is_compiling = torch.compiler.is_compiling
+        # torch.compiler.is_compiling(), a frame less (it also asks TorchScript, which never
+        # compiles this): dynamo folds is_dynamo_compiling() to True while it traces, so it
+        # never reads (or guards on) the flag, which other tracers (export, AOT) hold True.
+        is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+        compiler = torch.compiler
         by_id = self.groups.by_id
         sequenced = op not in _P2P
         at = -1 if position is None else position
 
         # Every collective's path: one frame, no Python call but the bytes of a list.
         def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.enabled or is_compiling():
+            if not tap.enabled or is_dynamo_compiling() or compiler._is_compiling_flag:
                 return original(pg, *args, **kwargs)
             try:
                 if tap.unobserved:
