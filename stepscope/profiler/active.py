@@ -47,6 +47,9 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
+_MAX_KEPT_SECTIONS = 256
+"""Section names whose context manager is kept for reuse (names made up anew each step are
+not kept past it)."""
 _MAX_CALLS_OUTSIDE_STEPS = 10_000
 """Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
@@ -102,18 +105,22 @@ class _Step:
 
 
 class _Section:
-    """Context manager for one section of the current step."""
+    """Context manager for a section of the current step, one per name (reused: see
+    ActiveProfiler.section)."""
 
-    __slots__ = ("_prof", "_name", "_start", "_outer")
+    __slots__ = ("_prof", "_name", "_start", "_outer", "active")
 
     def __init__(self, prof: ActiveProfiler, name: str) -> None:
         self._prof = prof
         self._name = name
         self._start: Any = None
         self._outer: str | None = None
+        self.active = False
+        """Entered and not yet left."""
 
     def __enter__(self) -> None:
         prof = self._prof
+        self.active = True
         try:
             if prof._unobserved:  # a boundary: see ActiveProfiler._unobserved
                 prof._tap.observe()
@@ -124,19 +131,21 @@ class _Section:
 
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
+        self.active = False
+        start, self._start = self._start, None
         prof._section = self._outer
         if prof._unobserved:
             prof._tap.observe()
         current = prof._current
-        if current is None or self._start is None or prof._broken:
+        if current is None or start is None or prof._broken:
             return False
         try:
             end = prof._clock.mark()
             spans = current.sections.get(self._name)
             if spans is None:
-                current.sections[self._name] = [(self._start, end)]
+                current.sections[self._name] = [(start, end)]
             else:
-                spans.append((self._start, end))
+                spans.append((start, end))
         except Exception as exc:
             prof._fail(exc)
         return False
@@ -235,6 +244,8 @@ class ActiveProfiler(Profiler):
         self._step_timers: list[DdpStepTimer] = []
         # What the watchdog reads (plain stores on the hot path).
         self._section: str | None = None
+        self._sections: dict[str, _Section] = {}
+        """Each section name's context manager (section())."""
         self._phase: str | None = None
         self._phase_changed_at: float | None = None
         self._first_step: int | None = None
@@ -330,7 +341,14 @@ class ActiveProfiler(Profiler):
     def section(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        return _Section(self, name)
+        # The name's context manager, reused: a new one would cost a constructor call (a
+        # Python frame) per section, every step. A section entered inside itself gets its own.
+        section = self._sections.get(name)
+        if section is None or section.active:
+            section = _Section(self, name)
+            if len(self._sections) < _MAX_KEPT_SECTIONS:
+                self._sections[name] = section
+        return section
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         if self._broken:

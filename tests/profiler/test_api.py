@@ -70,6 +70,27 @@ def test_disabled_profiler_is_a_cheap_no_op(
     prof.close()
 
 
+def test_a_section_entered_inside_itself_times_both_spans_every_step(
+    live_server: RunningServer,
+) -> None:
+    # Each name's context manager is reused from step to step; one entered inside itself
+    # must not lose the outer span.
+    prof = stepscope.init(job_id="sections-1", url=live_server.url, flush_interval_s=0.2)
+    for _ in range(3):
+        with prof.step():
+            with prof.section("forward"):
+                time.sleep(0.01)
+                with prof.section("forward"):
+                    time.sleep(0.02)
+            with prof.section("forward"):
+                time.sleep(0.005)
+    prof.close()
+    rows = read_rows(live_server.db_url, "steps", "sections-1")
+    assert len(rows) == 3
+    for row in rows:  # outer (>= 0.03) + inner (>= 0.02) + the third (>= 0.005)
+        assert row["forward_s"] >= 0.055
+
+
 class Linear(nn.Module):
     def __init__(self, width_in: int, width_out: int) -> None:
         super().__init__()
