@@ -341,12 +341,14 @@ class ActiveProfiler(Profiler):
     def section(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        # The name's context manager, reused: a new one would cost a constructor call (a
-        # Python frame) per section, every step. A section entered inside itself gets its own.
-        section = self._sections.get(name)
+        # The name's context manager, reused on the thread that started the profiler: a new
+        # one would cost a constructor call (a Python frame) per section, every step. A section
+        # entered inside itself, or on another thread, gets its own.
+        on_main_thread = threading.get_ident() == self._main_thread_id
+        section = self._sections.get(name) if on_main_thread else None
         if section is None or section.active:
             section = _Section(self, name)
-            if len(self._sections) < _MAX_KEPT_SECTIONS:
+            if on_main_thread and len(self._sections) < _MAX_KEPT_SECTIONS:
                 self._sections[name] = section
         return section
 

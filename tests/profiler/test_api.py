@@ -91,6 +91,34 @@ def test_a_section_entered_inside_itself_times_both_spans_every_step(
         assert row["forward_s"] >= 0.055
 
 
+def test_a_section_timed_on_another_thread_meanwhile_keeps_its_own_span(
+    live_server: RunningServer,
+) -> None:
+    # The main thread's "forward" is made, then a loader thread times its own "forward" across
+    # the main thread's entry: each must keep its span.
+    prof = stepscope.init(job_id="sections-2", url=live_server.url, flush_interval_s=0.2)
+    other_entered, main_entered = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        with prof.section("forward"):
+            other_entered.set()
+            main_entered.wait(5)
+            time.sleep(0.02)
+
+    with prof.step():
+        section = prof.section("forward")
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        other_entered.wait(5)
+        with section:
+            main_entered.set()
+            time.sleep(0.03)
+            thread.join(5)
+    prof.close()
+    [row] = read_rows(live_server.db_url, "steps", "sections-2")
+    assert row["forward_s"] >= 0.05  # the main thread's >= 0.03 and the other's >= 0.02
+
+
 class Linear(nn.Module):
     def __init__(self, width_in: int, width_out: int) -> None:
         super().__init__()
