@@ -1,6 +1,7 @@
 """GPU check of the collective tap (issue #18's GPU part): NCCL on CUDA, one process, one GPU.
 
     python benchmarks/gpu_collectives.py [--out DIR] [--device cuda|cpu]
+    python benchmarks/gpu_collectives.py --out DIR --replay http://127.0.0.1:8000
 
 1. Device-clock timing. A world-size-1 NCCL all-gather of N bytes is a copy of N bytes on
    NCCL's stream, so its duration is known from a reference measured with the tap off
@@ -16,7 +17,8 @@
 3. The whole profiler (stepscope.init with a loopback sink standing in for the collector) on
    an FSDP2 transformer and on a DDP MLP on the GPU: the collective rows per step, group and
    op (busy, exposed wait), the step rows' MFU and the GPU telemetry rows. Every body the
-   profiler sent is written to DIR/ingest.jsonl, to be replayed into a collector.
+   profiler sent is written to DIR/ingest.jsonl; `--replay URL` sends them to a collector
+   (jobs gpu-fsdp2 and gpu-ddp), where `stepscope show` and the dashboard read them.
 
 Without CUDA (`--device cpu` runs the same checks on gloo, for the script's own sake) it
 says so. It takes about two minutes on an H100, most of it the compile.
@@ -57,7 +59,12 @@ def main() -> int:
     parser.add_argument("--copy-mib", type=int, default=1024, help="all-gather payload, MiB")
     parser.add_argument("--calls", type=int, default=400, help="calls per timed round")
     parser.add_argument("--steps", type=int, default=30, help="training steps per job")
+    parser.add_argument(
+        "--replay", metavar="URL", help="send DIR/ingest.jsonl to this collector, and stop"
+    )
     args = parser.parse_args()
+    if args.replay:
+        return replay(Path(args.out) / "ingest.jsonl", args.replay)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_collectives needs a CUDA GPU (torch.cuda.is_available() is False).")
         return 0
@@ -293,6 +300,24 @@ def capture_sink(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         server.shutdown()
         server.server_close()
         out.close()
+
+
+def replay(path: Path, url: str) -> int:
+    """POST every body a run sent (ingest.jsonl) to a collector, in the order it was sent."""
+    import urllib.request
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for line in lines:
+        sent = json.loads(line)
+        request = urllib.request.Request(
+            url.rstrip("/") + sent["path"],
+            data=json.dumps(sent["body"]).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+    print(f"replayed {len(lines)} bodies from {path} to {url}")
+    return 0
 
 
 def rows_of(bodies: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
