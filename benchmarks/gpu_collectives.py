@@ -94,13 +94,14 @@ def main() -> int:
 
 
 @contextmanager
-def tapped(clock: Clock) -> Iterator[tuple[CollectiveTap, list[CollectiveCall]]]:
+def tapped(clock: Clock) -> Iterator[list[CollectiveCall]]:
+    """A tap installed for the block; the calls it records."""
     calls: list[CollectiveCall] = []
     errors: list[BaseException] = []
     tap = CollectiveTap(clock=clock, calls=calls, groups=GroupRegistry(), on_error=errors.append)
     tap.install()
     try:
-        yield tap, calls
+        yield calls
     finally:
         tap.remove()
         if errors:
@@ -123,7 +124,7 @@ def device_clock_timing(device: torch.device, copy_mib: int) -> None:
     def long_matmul() -> None:
         if mat is not None:
             for _ in range(4):
-                mat @ mat  # ~10 ms of fp32 matmul on an H100: far longer than the copy
+                mat @ mat  # tens of ms of fp32 matmul: far longer than the copy (printed)
 
     def gather(wait_after: Callable[[], None] | None = None) -> None:
         work = dist.all_gather_into_tensor(out, src, async_op=True)
@@ -153,7 +154,7 @@ def device_clock_timing(device: torch.device, copy_mib: int) -> None:
         ("waited after a long matmul issued behind it", lambda: gather(long_matmul)),
         ("issued after a long matmul", lambda: (long_matmul(), gather())),
     ]
-    with tapped(clock) as (_, calls):
+    with tapped(clock) as calls:
         for label, run in cases:
             calls.clear()
             for _ in range(reps):
@@ -238,13 +239,13 @@ def host_cost_per_call(device: torch.device, calls_per_round: int) -> None:
         off_us, on_us, recorded = [], [], []
         for _ in range(5):
             off_us.append(thread_cpu_per_call_us(call, calls_per_round, device))
-            with tapped(clock) as (_, calls):
+            with tapped(clock) as calls:
                 on_us.append(thread_cpu_per_call_us(call, calls_per_round, device))
                 recorded.append(len(calls))
         ended = "every one ended" if device.type != "cuda" else "ends on the device clock"
         print(
             f"  {label + ':':<38} off {min(off_us):6.1f} µs, tap {min(on_us):6.1f} µs -> "
-            f"+{min(on_us) - min(off_us):5.1f} µs (min of 5); recorded "
+            f"{min(on_us) - min(off_us):+6.1f} µs (min of 5); recorded "
             f"{statistics.median(recorded) / calls_per_round:.2f} a call ({ended})"
         )
 
