@@ -47,9 +47,6 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP_COLUMNS = frozenset(c.name for c in STEPS.wire_columns)
-_MAX_KEPT_SECTIONS = 256
-"""Section names whose context manager is kept for reuse (names made up anew each step are
-not kept past it)."""
 _MAX_CALLS_OUTSIDE_STEPS = 10_000
 """Collectives held until a step() ends; beyond that (e.g. no step() ever) new ones are dropped."""
 
@@ -105,22 +102,18 @@ class _Step:
 
 
 class _Section:
-    """Context manager for a section of the current step, one per name (reused: see
-    ActiveProfiler.section)."""
+    """Context manager for one section of the current step."""
 
-    __slots__ = ("_prof", "_name", "_start", "_outer", "active")
+    __slots__ = ("_prof", "_name", "_start", "_outer")
 
     def __init__(self, prof: ActiveProfiler, name: str) -> None:
         self._prof = prof
         self._name = name
         self._start: Any = None
         self._outer: str | None = None
-        self.active = False
-        """Entered and not yet left."""
 
     def __enter__(self) -> None:
         prof = self._prof
-        self.active = True
         try:
             if prof._unobserved:  # a boundary: see ActiveProfiler._unobserved
                 prof._tap.observe()
@@ -131,21 +124,19 @@ class _Section:
 
     def __exit__(self, *_: object) -> Literal[False]:
         prof = self._prof
-        self.active = False
-        start, self._start = self._start, None
         prof._section = self._outer
         if prof._unobserved:
             prof._tap.observe()
         current = prof._current
-        if current is None or start is None or prof._broken:
+        if current is None or self._start is None or prof._broken:
             return False
         try:
             end = prof._clock.mark()
             spans = current.sections.get(self._name)
             if spans is None:
-                current.sections[self._name] = [(start, end)]
+                current.sections[self._name] = [(self._start, end)]
             else:
-                spans.append((start, end))
+                spans.append((self._start, end))
         except Exception as exc:
             prof._fail(exc)
         return False
@@ -244,8 +235,6 @@ class ActiveProfiler(Profiler):
         self._step_timers: list[DdpStepTimer] = []
         # What the watchdog reads (plain stores on the hot path).
         self._section: str | None = None
-        self._sections: dict[str, _Section] = {}
-        """Each section name's context manager (section())."""
         self._phase: str | None = None
         self._phase_changed_at: float | None = None
         self._first_step: int | None = None
@@ -341,16 +330,7 @@ class ActiveProfiler(Profiler):
     def section(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        # The name's context manager, reused on the thread that started the profiler: a new
-        # one would cost a constructor call (a Python frame) per section, every step. A section
-        # entered inside itself, or on another thread, gets its own.
-        on_main_thread = threading.get_ident() == self._main_thread_id
-        section = self._sections.get(name) if on_main_thread else None
-        if section is None or section.active:
-            section = _Section(self, name)
-            if on_main_thread and len(self._sections) < _MAX_KEPT_SECTIONS:
-                self._sections[name] = section
-        return section
+        return _Section(self, name)
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
@@ -423,26 +403,22 @@ class ActiveProfiler(Profiler):
             self.shipper.update_source(mesh=dict(groups.mesh))
         return not is_model
 
+    @_fail_open()
     def record(
         self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
     ) -> None:
-        if self._broken:
-            return
-        try:  # fail-open as _fail_open() makes it, without its frame: called every step
-            values = self._current.values if self._current is not None else self._pre_values
-            if tokens is not None:
-                values["tokens"] = int(tokens)
-            if samples is not None:
-                values["samples"] = int(samples)
-            for key, value in custom.items():
-                if key in _STEP_COLUMNS:
-                    values[key] = value
-                elif self._current is not None:
-                    self._current.custom[key] = value
-                else:
-                    values.setdefault("_custom", {})[key] = value
-        except Exception as exc:
-            self._fail(exc)
+        values = self._current.values if self._current is not None else self._pre_values
+        if tokens is not None:
+            values["tokens"] = int(tokens)
+        if samples is not None:
+            values["samples"] = int(samples)
+        for key, value in custom.items():
+            if key in _STEP_COLUMNS:
+                values[key] = value
+            elif self._current is not None:
+                self._current.custom[key] = value
+            else:
+                values.setdefault("_custom", {})[key] = value
 
     @_fail_open()
     def event(self, kind: str, message: str, **attributes: Any) -> None:

@@ -211,18 +211,14 @@ class CollectiveTap:
         self, original: Any, name: str, op: str, position: int | None
     ) -> Callable[..., Any]:
         tap = self
-        # torch.compiler.is_compiling(), a frame less (it also asks TorchScript, which never
-        # compiles this): dynamo folds is_dynamo_compiling() to True while it traces, so it
-        # never reads (or guards on) the flag, which other tracers (export, AOT) hold True.
-        is_dynamo_compiling = torch.compiler.is_dynamo_compiling
-        compiler = torch.compiler
+        is_compiling = torch.compiler.is_compiling
         by_id = self.groups.by_id
         sequenced = op not in _P2P
         at = -1 if position is None else position
 
         # Every collective's path: one frame, no Python call but the bytes of a list.
         def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.enabled or is_dynamo_compiling() or compiler._is_compiling_flag:
+            if not tap.enabled or is_compiling():
                 return original(pg, *args, **kwargs)
             try:
                 if tap.unobserved:
@@ -373,11 +369,7 @@ class CollectiveTap:
                 call.waits.append((start, end))
             if call.end is None:
                 call.end = end
-                # _completed_seq(call), inline: every waited collective comes here
-                if call.seq is not None and call.seq > call.group.completed_seq:
-                    call.group.completed_seq = call.seq
-                elif call.channel is not None and call.channel_seq > call.channel.completed_seq:
-                    call.channel.completed_seq = call.channel_seq
+                _completed_seq(call)
             elif self._on_cpu and start <= call.end < end:
                 # Completed while this thread sat in the wait: it was busy until the
                 # thread resumed (the backend's thread stamped it earlier).

@@ -73,8 +73,7 @@ def test_disabled_profiler_is_a_cheap_no_op(
 def test_a_section_entered_inside_itself_times_both_spans_every_step(
     live_server: RunningServer,
 ) -> None:
-    # Each name's context manager is reused from step to step; one entered inside itself
-    # must not lose the outer span.
+    # A section entered inside one of the same name: both spans count, every step.
     prof = stepscope.init(job_id="sections-1", url=live_server.url, flush_interval_s=0.2)
     for _ in range(3):
         with prof.step():
