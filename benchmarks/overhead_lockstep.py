@@ -67,7 +67,7 @@ JOBS = ("X", "Y")
 OTHER = {"X": "Y", "Y": "X"}
 LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
 """Launch → the job that runs under stepscope."""
-SHAPES = {"ddp": (512, 3, 80), "fsdp2": (256, 1, 32)}
+SHAPES = {"ddp": (512, 3, 250), "fsdp2": (512, 1, 128)}
 """(width, depth, batch): profiler_overhead.py's ~10 ms steps."""
 
 
@@ -90,6 +90,7 @@ def rank_main(
 
     mine, other = turns[(job, rank)], turns[(OTHER[job], rank)]
     cpu_s: list[tuple[float, float]] = []
+    threads_at: list[dict[str, float]] = []
 
     def in_turn() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches, each once this rank has the turn; the turn passes when the step
@@ -97,6 +98,8 @@ def rank_main(
         for index in range(steps):
             mine.acquire()
             cpu_s.append((time.process_time(), time.thread_time()))
+            if index in (steps // 10, steps - 1):
+                threads_at.append(threads_cpu_s())
             yield batches[index % len(batches)]
             other.release()
 
@@ -108,7 +111,11 @@ def rank_main(
         profiled_segment(model, opt, in_turn(), prof)
     else:
         plain_segment(model, opt, in_turn())
-    turns["out"].put((job, rank, cpu_s))
+    first, last = threads_at
+    per_thread = {
+        name: (last[name] - first.get(name, 0.0)) / (steps - 1 - steps // 10) for name in last
+    }
+    turns["out"].put((job, rank, cpu_s, per_thread))
     turns["out"].close()
     turns["out"].join_thread()  # sent before os._exit below
     if prof is not None:
@@ -118,12 +125,32 @@ def rank_main(
     os._exit(0)  # gloo can abort at interpreter exit
 
 
+def threads_cpu_s() -> dict[str, float]:
+    """Every thread's CPU so far, seconds (the kernel's ns clock), summed by name: the training
+    thread, stepscope's threads by their names, the rest (gloo's, torch's) as "native"."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    names[threading.main_thread().native_id] = "training"
+    totals: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                ns = int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended
+            continue
+        name = names.get(int(tid), "native")
+        totals[name] = totals.get(name, 0.0) + ns / 1e9
+    return totals
+
+
 Cycles = dict[tuple[str, int], list[float]]
 """(job, 0: the process or 1: its training thread) → each cycle's CPU, seconds, the ranks' mean."""
 
 
-def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> Cycles:
-    """Both jobs in lock-step; per job, each cycle's process and training-thread CPU."""
+def launch(
+    parallel: str, profiled_job: str | None, steps: int, url: str
+) -> tuple[Cycles, dict[str, dict[str, float]]]:
+    """Both jobs in lock-step; per job, each cycle's process and training-thread CPU, and
+    its threads' CPU per step by name (the ranks' mean, seconds)."""
     ctx = mp.get_context("fork")  # the parent has imported torch but run no torch op
     turns: dict[Any, Any] = {
         (job, rank): ctx.Semaphore(0) for job in JOBS for rank in range(WORLD_SIZE)
@@ -139,10 +166,14 @@ def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> Cyc
             procs.append(ctx.Process(target=rank_main, args=args))
     for proc in procs:
         proc.start()
-    starts = {}
+    starts: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    threads: dict[str, dict[str, float]] = {}
     for _ in procs:
-        job, rank, cpu_s = turns["out"].get(timeout=1800)
+        job, rank, cpu_s, per_thread = turns["out"].get(timeout=1800)
         starts[(job, rank)] = cpu_s
+        for name, seconds in per_thread.items():
+            job_threads = threads.setdefault(job, {})
+            job_threads[name] = job_threads.get(name, 0.0) + seconds / WORLD_SIZE
     for proc in procs:
         proc.join(120)
     cycles = {}
@@ -153,7 +184,18 @@ def launch(parallel: str, profiled_job: str | None, steps: int, url: str) -> Cyc
                 for r in range(WORLD_SIZE)
             ]
             cycles[(job, clock)] = [statistics.fmean(pair) for pair in zip(*per_rank, strict=True)]
-    return cycles
+    return cycles, threads
+
+
+def thread_difference_us(
+    threads: dict[str, dict[str, float]], profiled_job: str | None
+) -> dict[str, float]:
+    """Per thread name, the profiled job's CPU per step less the plain one's, µs."""
+    profiled, plain = threads[profiled_job or "Y"], threads[OTHER[profiled_job or "Y"]]
+    return {
+        name: (profiled.get(name, 0.0) - plain.get(name, 0.0)) * 1e6
+        for name in sorted(profiled.keys() | plain.keys())
+    }
 
 
 def compare(cycles: Cycles, profiled_job: str | None, warmup: int) -> tuple[float, float, float]:
@@ -189,13 +231,17 @@ def main() -> None:
     for parallel in args.parallel.split(","):
         rounds: list[dict[str, float]] = []
         threads: list[dict[str, float]] = []
+        by_name: dict[str, dict[str, list[float]]] = {"profiled": {}, "a/a": {}}
         cycle_ms: list[float] = []
         for index in range(args.rounds):
             figures, thread_us = {}, {}
             for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
-                cycles = launch(parallel, LAUNCHES[name], args.steps, url)
+                cycles, per_thread = launch(parallel, LAUNCHES[name], args.steps, url)
                 figures[name], plain_ms, thread_us[name] = compare(cycles, LAUNCHES[name], warmup)
                 cycle_ms.append(plain_ms)
+                arm = by_name["a/a" if name == "a/a" else "profiled"]
+                for thread_name, us in thread_difference_us(per_thread, LAUNCHES[name]).items():
+                    arm.setdefault(thread_name, []).append(us)
             rounds.append(figures)
             threads.append(thread_us)
             print(
@@ -222,6 +268,14 @@ def main() -> None:
             f"[{thread_aa_low:+.1f} .. {thread_aa_high:+.1f}]",
             flush=True,
         )
+        for name in sorted(by_name["profiled"]):
+            median, low, high = median_ci(by_name["profiled"][name])
+            aa = statistics.median(by_name["a/a"].get(name, [0.0]))
+            print(
+                f"{parallel.upper()}   thread {name}: {median:+.1f} µs per step [95 % CI "
+                f"{low:+.1f} .. {high:+.1f}]; A/A {aa:+.1f} µs",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -72,6 +72,8 @@ GOAL_WIRE_BYTES = 3072
 
 
 class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps connections open, as the collector (uvicorn) does
+
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
         body = b'{"accepted":{},"duplicate":false}'

@@ -42,7 +42,7 @@ def serve(
     from pydantic import ValidationError
 
     from stepscope.server.app import create_app
-    from stepscope.server.settings import Settings, check_exposure
+    from stepscope.server.settings import KEEP_ALIVE_S, Settings, check_exposure
     from stepscope.store.migrate import SchemaOutdatedError
 
     overrides: dict[str, object] = {"host": host, "port": port}
@@ -66,7 +66,14 @@ def serve(
     except (ValueError, SchemaOutdatedError) as exc:
         raise fail(str(exc)) from None
     stderr.print(f"stepscope serving on http://{host}:{port} (database: {settings.database_url})")
-    uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(
+        application,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
 
 
 def demo(

@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from stepscope.server.app import create_app
-from stepscope.server.settings import Settings
+from stepscope.server.settings import KEEP_ALIVE_S, Settings
 
 ANALYZE_INTERVAL_S = 2.0
 """The background analyzer's period: a live job's findings follow it within seconds."""
@@ -41,7 +41,14 @@ def start_server(*, database_url: str, port: int, start_timeout_s: float = 60.0)
     settings = Settings(database_url=database_url, port=port, analyze_interval_s=ANALYZE_INTERVAL_S)
     app = create_app(settings)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=port, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
     )
     thread = threading.Thread(target=server.run, name="stepscope-server", daemon=True)
     thread.start()

@@ -26,6 +26,7 @@ from .hangs import (
     read_dump,
     read_last_report,
 )
+from .transport import Poster
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class DumpWatcher:
 
     def __init__(self, *, dump_dir: Path, url: str, token: str | None) -> None:
         self.dump_dir = dump_dir
-        self._endpoint = hangs_endpoint(url)
+        self._poster = Poster(hangs_endpoint(url), timeout_s=_HTTP_TIMEOUT_S)
         self._token = token
         self._seen: dict[Path, _Seen] = {}
         self._stop = threading.Event()
@@ -123,12 +124,7 @@ class DumpWatcher:
         self._send(path, dump, seen)
 
     def _send(self, path: Path, dump: Dump, seen: _Seen) -> None:
-        error = post_report(
-            self._endpoint,
-            self.report(path, dump, seen),
-            token=self._token,
-            timeout_s=_HTTP_TIMEOUT_S,
-        )
+        error = post_report(self._poster, self.report(path, dump, seen), token=self._token)
         if error is None:
             self.num_reports += 1
         else:

@@ -13,10 +13,11 @@ import logging
 import os
 import re
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from .transport import Poster
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,15 @@ def hangs_endpoint(url: str) -> str:
     return url.rstrip("/") + "/v1/hangs"
 
 
-def post_report(
-    endpoint: str, report: dict[str, Any], *, token: str | None, timeout_s: float
-) -> str | None:
-    """POST one report (gzip JSON); None when acknowledged, else what went wrong. Never raises."""
+def post_report(poster: Poster, report: dict[str, Any], *, token: str | None) -> str | None:
+    """POST one report (gzip JSON) to hangs_endpoint(); None when acknowledged, else what
+    went wrong. Never raises."""
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
         body = gzip.compress(json.dumps(report, separators=(",", ":")).encode(), compresslevel=1)
-        request = urllib.request.Request(endpoint, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
+        poster.post(body, headers)
         return None
     except urllib.error.HTTPError as exc:
         try:

@@ -243,13 +243,15 @@ def _not_json(constant: str) -> None:
 
 def _handler(relay: NodeRelay) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # the ranks' shippers keep their connections open
+
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path != INGEST_PATH:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # all of it:
+            if self.path != INGEST_PATH:  # the connection's next request follows it
                 self._answer(Answer(404, b'{"detail":"the node relay takes POST /v1/ingest"}'))
                 return
-            length = int(self.headers.get("Content-Length") or 0)
             answer = relay.relay(
-                self.rfile.read(length),
+                body,
                 content_encoding=self.headers.get("Content-Encoding"),
                 authorization=self.headers.get("Authorization"),
             )

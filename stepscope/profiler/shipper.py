@@ -16,7 +16,6 @@ import re
 import threading
 import time
 import urllib.error
-import urllib.request
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 from stepscope.schema import COLLECTIVES, DROP_REPORT_PREFIX, GPU, STEPS, WIRE_SCHEMA_VERSION
 
 from .config import Config, default_flush_interval_s
+from .transport import Poster
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +166,11 @@ class Shipper:
             int(job.get("world_size") or 1)
         )
         self._direct_endpoint = config.url.rstrip("/") + "/v1/ingest"
-        self._endpoint = (
+        self._poster = Poster(
             config.relay_url.rstrip("/") + "/v1/ingest"
             if config.relay_url
-            else self._direct_endpoint
+            else self._direct_endpoint,
+            timeout_s=config.http_timeout_s,
         )
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if config.token:
@@ -276,7 +277,7 @@ class Shipper:
                     break
                 if self._pending:
                     wait_s = self._retry_at - now
-                elif self._endpoint != self._direct_endpoint:
+                elif self._poster.url != self._direct_endpoint:
                     wait_s = node_slot_wait_s(
                         time.time(), self._flush_interval_s, str(self._source.get("node"))
                     )
@@ -290,6 +291,7 @@ class Shipper:
         except Exception:  # a shipper bug must not take the process down
             log.exception("stepscope shipper stopped after an internal error")
         finally:
+            self._poster.close()
             self.stats.thread_cpu_s = time.thread_time()
             self._left_unsent = bool(self._pending) or any(self._buffers.values())
             self._spill_all_pending()
@@ -387,12 +389,8 @@ class Shipper:
         log.info("stepscope: the job's final status was not acknowledged")
 
     def _post(self, body: bytes) -> None:
-        request = urllib.request.Request(
-            self._endpoint, data=body, headers=self._headers, method="POST"
-        )
         try:
-            with urllib.request.urlopen(request, timeout=self._config.http_timeout_s) as response:
-                answer = response.read()
+            answer = self._poster.post(body, self._headers)
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
@@ -402,9 +400,9 @@ class Shipper:
                 retry_after_s=retry_after_s(exc.headers.get("Retry-After")),
             ) from exc
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
-            if self._endpoint != self._direct_endpoint and _refused(exc):
+            if self._poster.url != self._direct_endpoint and _refused(exc):
                 log.warning("stepscope node relay is gone (%s); posting to the collector", exc)
-                self._endpoint = self._direct_endpoint
+                self._poster = Poster(self._direct_endpoint, timeout_s=self._config.http_timeout_s)
             raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
         if self._on_capture is not None and b'"capture"' in answer:
             self._offer_capture(answer)

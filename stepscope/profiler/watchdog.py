@@ -43,6 +43,7 @@ from .hangs import (
     post_report,
     write_last_report,
 )
+from .transport import Poster
 
 if TYPE_CHECKING:
     from .calls import CollectiveCall
@@ -112,9 +113,9 @@ class Watchdog:
         assert config.url is not None
         self._hang_after_s = config.hang_after_s
         self._heartbeat_s = config.heartbeat_s
-        self._endpoint = hangs_endpoint(config.url)
         self._token = config.token
         self._http_timeout_s = min(config.http_timeout_s, _MAX_HTTP_TIMEOUT_S)
+        self._poster = Poster(hangs_endpoint(config.url), timeout_s=self._http_timeout_s)
         self._identity = identity
         self._state = state
         self._groups = groups
@@ -208,6 +209,8 @@ class Watchdog:
         except Exception:
             log.exception("stepscope: the hang watchdog stopped after an internal error")
             self.stop()
+        finally:
+            self._poster.close()
 
     def _observe(self, now: float) -> TrainingState:
         """Read the training thread's state; note progress and step cycle times."""
@@ -325,16 +328,14 @@ class Watchdog:
         report = self.report(kind, state, now)
         if self._dump_path is not None:
             write_last_report(self._dump_path, report)
-        error = post_report(
-            self._endpoint, report, token=self._token, timeout_s=self._http_timeout_s
-        )
+        error = post_report(self._poster, report, token=self._token)
         if error is None:
             self.num_reports[kind] += 1
             if self._delivery_error is not None:
                 log.info("stepscope: hang reports delivered again after: %s", self._delivery_error)
                 self._delivery_error = None
         elif self._delivery_error is None:
-            log.warning("stepscope: hang report not delivered to %s: %s", self._endpoint, error)
+            log.warning("stepscope: hang report not delivered to %s: %s", self._poster.url, error)
             self._delivery_error = error
 
     # ---- the flight recorder, on `stepscope run --on-hang dump-and-exit`'s request -----------

@@ -12,6 +12,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stepscope.store.engine import DEFAULT_DATABASE_URL, SQLITE_BUSY_TIMEOUT_S
 
+KEEP_ALIVE_S = 45
+"""How long the server keeps an idle HTTP connection open: longer than the profilers' longest
+flush interval (30 s), so that every rank's shipper and watchdog post on one connection each
+instead of opening one per request (uvicorn's default is 5 s)."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STEPSCOPE_", extra="ignore")
