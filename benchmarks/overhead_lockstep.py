@@ -67,7 +67,7 @@ JOBS = ("X", "Y")
 OTHER = {"X": "Y", "Y": "X"}
 LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
 """Launch → the job that runs under stepscope."""
-SHAPES = {"ddp": (512, 3, 250), "fsdp2": (512, 1, 128)}
+SHAPES = {"ddp": (512, 3, 250), "fsdp2": (256, 1, 32)}
 """(width, depth, batch): profiler_overhead.py's ~10 ms steps."""
 
 

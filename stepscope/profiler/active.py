@@ -131,12 +131,7 @@ class _Section:
         if current is None or self._start is None or prof._broken:
             return False
         try:
-            end = prof._clock.mark()
-            spans = current.sections.get(self._name)
-            if spans is None:
-                current.sections[self._name] = [(self._start, end)]
-            else:
-                spans.append((self._start, end))
+            current.spans.append((self._name, self._start, prof._clock.mark()))
         except Exception as exc:
             prof._fail(exc)
         return False

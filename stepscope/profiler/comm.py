@@ -186,18 +186,15 @@ class DdpStepTimer:
         try:
             group = self._group
             group.seq += 1  # one a synchronising backward, on every rank alike
+            # op, group, num_bytes, start, end, seq, waits, ddp_bucket, count: positional
+            # (keywords cost ~0.5 µs, every step).
+            end = self._mark()
             self._record(
                 CollectiveCall(
-                    op="all_reduce",
-                    group=group,
-                    num_bytes=self._num_bytes,
-                    start=start,
-                    end=self._mark(),
-                    seq=group.seq,
-                    ddp_bucket=True,
-                    count=self._num_buckets,
+                    "all_reduce", group, self._num_bytes, start, end, group.seq, None, True,
+                    self._num_buckets,
                 )
-            )
+            )  # fmt: skip
         except Exception as exc:
             self._failure.report(exc)
 

@@ -117,8 +117,8 @@ def _wait_for(record: StepRecord, clock: Clock, *, deadline: float) -> None:
             time.sleep(0.001)
         if call.end is not None:
             clock.wait(call.end)
-    for spans in record.sections.values():
-        clock.wait(spans[-1][1])
+    for _, _, end in record.spans:
+        clock.wait(end)
 
 
 def json_safe(value: Any) -> Any:

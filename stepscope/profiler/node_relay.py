@@ -244,6 +244,7 @@ def _not_json(constant: str) -> None:
 def _handler(relay: NodeRelay) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # the ranks' shippers keep their connections open
+        disable_nagle_algorithm = True  # else an answer's body waits for the headers' ACK
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # all of it:

@@ -38,7 +38,8 @@ class StepRecord:
     """Clock mark at step() entry; the origin for this step's device-side offsets."""
     data_s: float = 0.0
     step_s: float = 0.0
-    sections: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
+    spans: list[tuple[str, Mark, Mark]] = field(default_factory=list)
+    """Each section's (name, start, end), in the order they ended; a name may repeat."""
     calls: list[CollectiveCall] = field(default_factory=list)
     values: dict[str, Any] = field(default_factory=dict)
     """Column values given directly: tokens, samples, flops, mem_peak_bytes..."""
@@ -50,8 +51,8 @@ class StepRecord:
         for call in self.calls:
             if call.end is None or not clock.is_ready(call.end):
                 return False
-        for spans in self.sections.values():
-            if not clock.is_ready(spans[-1][1]):
+        for _, _, end in self.spans:
+            if not clock.is_ready(end):
                 return False
         return True
 
@@ -71,11 +72,11 @@ class StepRecord:
             "step_s": round(self.step_s * scale) / scale,
             "data_s": round(self.data_s * scale) / scale,
         }
-        for name, spans in self.sections.items():
-            total_s = 0.0
-            for start, end in spans:
-                if ready(end):
-                    total_s += between(start, end)
+        sections_s: dict[str, float] = {}
+        for name, start, end in self.spans:
+            span_s = between(start, end) if ready(end) else 0.0
+            sections_s[name] = sections_s.get(name, 0.0) + span_s
+        for name, total_s in sections_s.items():
             column = SECTION_COLUMNS.get(name)
             if column is not None:
                 row[column] = round(total_s * scale) / scale

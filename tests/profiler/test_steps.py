@@ -102,7 +102,7 @@ def test_only_the_time_spent_in_waits_is_exposed_and_rows_are_per_group_and_op()
 
 def test_sections_sum_repeats_and_unknown_names_become_custom_values() -> None:
     record = StepRecord(step=0, ts=1.7e9, base=0.0, step_s=1.0)
-    record.sections = {"forward": [(0.0, 0.1), (0.5, 0.6)], "loss_scaling": [(0.2, 0.25)]}
+    record.spans = [("forward", 0.0, 0.1), ("loss_scaling", 0.2, 0.25), ("forward", 0.5, 0.6)]
     row, collectives = record.to_rows(CLOCK, TP)
     assert row["forward_s"] == pytest.approx(0.2)
     assert "backward_s" not in row

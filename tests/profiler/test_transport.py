@@ -33,6 +33,7 @@ def server(protocol: str = "HTTP/1.1") -> Iterator[Server]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = protocol
+        disable_nagle_algorithm = True
 
         def setup(self) -> None:
             super().setup()
