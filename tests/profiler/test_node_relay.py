@@ -19,6 +19,7 @@ import pytest
 from stepscope.profiler.launcher import launch
 from stepscope.profiler.node_relay import NodeRelay
 from stepscope.profiler.shipper import node_slot_wait_s
+from stepscope.profiler.transport import Poster
 from tests.collector.test_ingest import make_batch
 from tests.live_server import RunningServer, free_port, post_batch, read_rows, run_server
 from tests.profiler.http_sink import http_sink
@@ -142,6 +143,26 @@ def test_shippers_of_a_node_flush_in_the_same_slot_and_nodes_spread_over_the_int
     )
     deciles = [int((slot - now_s) / interval_s * 10) for slot in slots]
     assert min(deciles.count(d) for d in range(10)) > 512 / 10 / 2
+
+
+def test_a_rank_posts_its_batches_to_the_relay_over_one_connection(
+    live_server: RunningServer,
+) -> None:
+    relay = NodeRelay(live_server.url, window_s=0.01)
+    relay.start()
+    poster = Poster(relay.url + "/v1/ingest", timeout_s=30.0)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    answers, local_ports = [], set()
+    for seq in range(3):
+        batch = {**make_batch(rank=5), "seq": seq}
+        answers.append(json.loads(poster.post(gzip.compress(json.dumps(batch).encode()), headers)))
+        assert poster._connection is not None
+        local_ports.add(poster._connection.sock.getsockname()[1])
+    poster.close()
+    relay.stop()
+    assert [answer["duplicate"] for answer in answers] == [False, False, False]
+    assert len(local_ports) == 1
+    assert relay.stats.num_batches == 3
 
 
 def test_shippers_deliver_through_the_relay_and_fall_back_when_it_is_gone(
