@@ -34,11 +34,14 @@ class Poster:
         self.url = url
         self.timeout_s = timeout_s
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
+        try:
+            self._port = parts.port
+            self._invalid = parts.scheme not in ("http", "https") or not parts.hostname
+        except ValueError:  # a port that is not a number
+            self._port, self._invalid = None, True
+        """A bad URL is raised by post(), as urlopen did: a sender is built whatever its URL."""
         self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port
+        self._host = parts.hostname or ""
         self._path = parts.path or "/"
         if parts.query:
             self._path += "?" + parts.query
@@ -51,7 +54,10 @@ class Poster:
         self._connection: http.client.HTTPConnection | None = None
 
     def post(self, body: bytes, headers: dict[str, str]) -> bytes:
-        """The answer's body; raises HTTPError for a status >= 300, OSError when unreachable."""
+        """The answer's body; raises HTTPError for a status >= 300, OSError when unreachable,
+        ValueError when the URL is not http(s)."""
+        if self._invalid:
+            raise ValueError(f"not an http(s) URL: {self.url!r}")
         if self._opener is not None:
             request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             with self._opener.open(request, timeout=self.timeout_s) as response:

@@ -57,6 +57,10 @@ def test_disabled_without_url_or_when_told(
         ("flops_per_step", "lots"),
         ("peak_flops", -1.0),
         ("comm_timing", "sometimes"),
+        ("url", "collector:8000"),
+        ("url", "ftp://collector/"),
+        ("url", "http://collector:port"),
+        ("relay_url", "http://"),
     ],
 )
 def test_bad_values_are_refused(field: str, value: object) -> None:

@@ -119,6 +119,13 @@ def test_an_unreachable_collector_raises_oserror() -> None:
             poster.post(b"{}", HEADERS)
 
 
+@pytest.mark.parametrize("url", ["collector:8000/v1/hangs", "http://collector:port/v1/hangs"])
+def test_a_url_that_is_not_http_fails_at_each_post_not_before(url: str) -> None:
+    poster = Poster(url, timeout_s=1.0)
+    with pytest.raises(ValueError, match="not an http"):
+        poster.post(b"{}", HEADERS)
+
+
 def test_a_malformed_answer_raises_oserror() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
 
