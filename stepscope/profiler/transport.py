@@ -2,9 +2,9 @@
 
 `urllib.request.urlopen` opens a TCP connection per request and runs its handler chain:
 ~225 µs of the posting thread's CPU on loopback, where a request on an open connection
-costs ~60 µs (benchmarks/post_cost.py). The shipper and the watchdog post every second or two from every rank, on
-the cores the training uses, so each keeps one `Poster`. The collector is spared a TCP
-handshake per request from every rank as well.
+costs ~60 µs (benchmarks/post_cost.py). The shipper and the watchdog post every second or
+two from every rank, on the cores the training uses, so each keeps one `Poster`. The
+collector is spared a TCP handshake per request from every rank as well.
 
 Behaviour is urlopen's for the callers: an HTTP status >= 300 raises
 `urllib.error.HTTPError` (its `code`, `headers` and `read()`), a failed connection or a
