@@ -25,7 +25,9 @@ rounds with a bootstrap 95 % interval, the A/A's beside them. Each thread's CPU 
 training thread, stepscope's shipper and watchdog, and the rest ("native": gloo's, which use
 several ms a step and swing by ~1 % of the step between launches). The training thread and
 stepscope's threads together, gloo's left out, are a second verdict: narrower, blind to what
-stepscope makes gloo's threads spend.
+stepscope makes gloo's threads spend. These per-thread figures are taken from step 1/10 to
+the last, and their medians and intervals are over launches (x and y each count once), not
+over rounds.
 
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/overhead_lockstep.py
 """

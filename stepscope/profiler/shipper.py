@@ -402,6 +402,7 @@ class Shipper:
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad status lines
             if self._poster.url != self._direct_endpoint and _refused(exc):
                 log.warning("stepscope node relay is gone (%s); posting to the collector", exc)
+                self._poster.close()
                 self._poster = Poster(self._direct_endpoint, timeout_s=self._config.http_timeout_s)
             raise _SendError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
         if self._on_capture is not None and b'"capture"' in answer:
