@@ -289,7 +289,7 @@ def main() -> None:
             f"{verdict(own, own_high, own_aa_low, own_aa_high)}",
             flush=True,
         )
-        for name in sorted(by_name["profiled"]):
+        for name in sorted(by_name["profiled"].keys() - {"training"}):  # printed above
             median, low, high = median_ci(by_name["profiled"][name])
             aa = statistics.median(by_name["a/a"].get(name, [0.0]))
             print(

@@ -6,11 +6,11 @@ import dataclasses
 import json
 import os
 import socket
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .scheduler import scheduler_view
+from .transport import is_http_url
 
 ENV_PREFIX = "STEPSCOPE_"
 
@@ -168,7 +168,7 @@ class Config:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("url", "relay_url"):
             value = getattr(self, name)
-            if value and not _is_http_url(value):
+            if value and not is_http_url(value):
                 raise ValueError(f"{name} must be an http:// or https:// URL, got {value!r}")
         if self.comm_timing not in COMM_TIMINGS:
             raise ValueError(f"comm_timing must be one of {', '.join(COMM_TIMINGS)}")
@@ -187,15 +187,6 @@ class Config:
 def default_flush_interval_s(world_size: int) -> float:
     """2 s, or world_size / 256 s on large jobs (at most 30 s)."""
     return min(30.0, max(2.0, world_size / 256))
-
-
-def _is_http_url(text: str) -> bool:
-    parts = urllib.parse.urlsplit(text)
-    try:
-        parts.port  # noqa: B018 (raises ValueError when the port is not a number)
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _parse_bool(text: str) -> bool:

@@ -27,19 +27,26 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 """What a request on a connection the server has closed meanwhile raises."""
 
 
+def is_http_url(url: str) -> bool:
+    """An http:// or https:// URL with a host (and a numeric port, if any)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises ValueError when the port is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 class Poster:
     """POSTs to one URL, keeping its connection open between requests."""
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        parts = urllib.parse.urlsplit(url)
-        try:
-            self._port = parts.port
-            self._invalid = parts.scheme not in ("http", "https") or not parts.hostname
-        except ValueError:  # a port that is not a number
-            self._port, self._invalid = None, True
+        self._invalid = not is_http_url(url)
         """A bad URL is raised by post(), as urlopen did: a sender is built whatever its URL."""
+        parts = urllib.parse.urlsplit(url)
+        self._port = None if self._invalid else parts.port
         self._https = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._path = parts.path or "/"
