@@ -189,6 +189,7 @@ class Shipper:
         self._drop_lock = threading.Lock()
         """Guards num_dropped: training threads and this one count drops at the same time."""
         self._wake = threading.Event()
+        self._flush_now = False
         self._stopping = threading.Event()
         self._deadline = float("inf")
         self._backoff_s = 0.0
@@ -222,6 +223,8 @@ class Shipper:
             self._source = {**self._source, **fields}
 
     def flush_soon(self) -> None:
+        """Batch what is buffered now rather than at the next flush."""
+        self._flush_now = True
         self._wake.set()
 
     def close(
@@ -260,14 +263,21 @@ class Shipper:
     def _run(self) -> None:
         try:
             self._load_spill()
+            # When the buffered records go into a batch next (time.monotonic()). Not after
+            # every POST: the rows that arrived during a slow answer would be posted at once,
+            # and a collector answering in 50 ms would get a batch from each rank every 50 ms.
+            flush_at = 0.0
             while True:
-                if self.before_batch is not None:
-                    self.before_batch()
-                self._build_batches()
                 now = time.monotonic()
                 stopping = self._stopping.is_set()
                 if stopping and now >= self._deadline:
                     break
+                if now >= flush_at or stopping or self._flush_now:
+                    self._flush_now = False
+                    if self.before_batch is not None:
+                        self.before_batch()
+                    self._build_batches()
+                    flush_at = now + self._flush_wait_s()
                 if self._pending and now >= self._retry_at:
                     self._send_oldest()
                     continue
@@ -275,15 +285,9 @@ class Shipper:
                     if self._final_job is not None:
                         self._send_final_job()
                     break
+                wait_s = flush_at - now
                 if self._pending:
-                    wait_s = self._retry_at - now
-                elif self._poster.url != self._direct_endpoint:
-                    wait_s = node_slot_wait_s(
-                        time.time(), self._flush_interval_s, str(self._source.get("node"))
-                    )
-                else:
-                    # Jitter keeps the ranks of a large job from posting in lockstep.
-                    wait_s = self._flush_interval_s * random.uniform(0.9, 1.1)
+                    wait_s = min(wait_s, self._retry_at - now)
                 if stopping:
                     wait_s = min(wait_s, self._deadline - now)
                 self._wake.wait(max(wait_s, 0.0))
@@ -299,6 +303,15 @@ class Shipper:
                 for kind, buffer in self._buffers.items():
                     self.stats.num_dropped[kind] += len(buffer)
                     buffer.clear()
+
+    def _flush_wait_s(self) -> float:
+        """Seconds from one flush to the next."""
+        if self._poster.url != self._direct_endpoint:
+            return node_slot_wait_s(
+                time.time(), self._flush_interval_s, str(self._source.get("node"))
+            )
+        # Jitter keeps the ranks of a large job from posting in lockstep.
+        return self._flush_interval_s * random.uniform(0.9, 1.1)
 
     def _build_batches(self) -> None:
         while any(self._buffers.values()) or self._job_changed:
@@ -459,6 +472,7 @@ class Shipper:
                 "attributes": {f"dropped_{k}": n for k, n in new.items()},
             }
         )
+        self._flush_now = True  # the collector is back: say what it missed at once
 
     # ---- spill file ----------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ class Sink:
     """time.monotonic() of each /v1/ingest request."""
     retry_after: str | None = None
     """Retry-After sent with every answer that is not 200."""
+    answer_delay_s: float = 0.0
+    """How long each /v1/ingest answer takes (a busy collector)."""
     hangs: list[dict[str, Any]] = field(default_factory=list)
     """Every /v1/hangs report (heartbeats and hangs), decoded, in arrival order."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -64,6 +66,7 @@ def http_sink() -> Iterator[Sink]:
                 body["_status"] = status
                 sink.received.append(body)
                 sink.body_bytes.append(int(self.headers["Content-Length"]))
+            time.sleep(sink.answer_delay_s)
             headers = (
                 {"Retry-After": sink.retry_after} if status != 200 and sink.retry_after else {}
             )

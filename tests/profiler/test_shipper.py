@@ -55,6 +55,26 @@ def test_a_batch_encoded_in_chunks_is_the_json_of_the_whole() -> None:
     assert text == json.dumps(payload, separators=(",", ":"))
 
 
+def test_a_slow_collector_gets_a_batch_per_flush_interval_not_one_per_answer() -> None:
+    # Rows that arrive while an answer takes 0.25 s wait for the next flush (every ~1 s);
+    # posted as soon as the answer came, they made a batch every 0.25 s.
+    with http_sink() as sink:
+        sink.answer_delay_s = 0.25
+        shipper = build(sink.url, flush_interval_s=1.0)
+        started = time.monotonic()
+        num_rows = 0
+        while time.monotonic() - started < 3.0:
+            shipper.add("steps", step_row(num_rows))
+            num_rows += 1
+            time.sleep(0.01)
+        elapsed_s = time.monotonic() - started
+        assert shipper.close(timeout_s=5)
+    # A flush every 0.9-1.1 s, the first at once, and the last at close.
+    assert len(sink.received) <= elapsed_s / 0.9 + 2
+    steps = [step for body in sink.accepted() for step in body["steps"]["step"]]
+    assert steps == list(range(num_rows))
+
+
 def test_server_errors_are_retried_with_the_same_seq_and_incarnation() -> None:
     with http_sink() as sink:
         sink.statuses = [503, 500, 503]
