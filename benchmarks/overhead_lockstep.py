@@ -72,10 +72,11 @@ JOBS = ("X", "Y")
 OTHER = {"X": "Y", "Y": "X"}
 LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
 """Launch → the job that runs under stepscope."""
-SHAPES = {"ddp": (512, 3, 250), "fsdp2": (256, 1, 32)}
-"""(width, depth, batch): DDP's batch makes a ~10 ms step on a host that runs 10^6 Python
-additions in ~23 ms; FSDP2's step (~7 ms there) is mostly FSDP2's and gloo's own work, and a
-larger model made its gloo threads' CPU swing by several % between launches."""
+SHAPES = {"ddp": (512, 3, 250), "fsdp2": (256, 1, 896)}
+"""(width, depth, batch): each makes a step of ~10 ms of CPU on a host that runs 10^6 Python
+additions in ~23 ms. FSDP2's model stays small: most of its step is gloo's threads (~5 ms),
+and a wider model made their CPU swing by several % between launches; its batch adds the
+compute (at batch 32 the step took ~7.5 ms, ~2 ms of it in the training thread)."""
 OWN = "stepscope's and the training thread"
 """Key of the sum of every thread's difference but gloo's ("native")."""
 
