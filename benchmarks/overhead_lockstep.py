@@ -78,11 +78,24 @@ additions in ~23 ms. FSDP2's model stays small: most of its step is gloo's threa
 and a wider model made their CPU swing by several % between launches; its batch adds the
 compute (at batch 32 the step took ~7.5 ms, ~2 ms of it in the training thread)."""
 OWN = "stepscope's and the training thread"
-"""Key of the sum of every thread's difference but gloo's ("native")."""
+"""Key of the sum of every thread's difference but gloo's ("native"), in % of the step..."""
+OWN_US = "the same in µs"
+"""...and in µs per step."""
+
+
+Shape = tuple[int, int, int]
 
 
 def rank_main(
-    rank: int, job: str, parallel: str, profiled: bool, steps: int, port: int, url: str, turns: Any
+    rank: int,
+    job: str,
+    parallel: str,
+    shape: Shape,
+    profiled: bool,
+    steps: int,
+    port: int,
+    url: str,
+    turns: Any,
 ) -> None:
     """Train `steps` steps of one job's rank, each when it has the turn; its process and
     training-thread CPU times at every step start go on turns["out"]."""
@@ -91,7 +104,7 @@ def rank_main(
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    width, depth, batch = SHAPES[parallel]
+    width, depth, batch = shape
     model = wrap(build_model(width, depth), parallel)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(rank)
@@ -157,7 +170,7 @@ Cycles = dict[tuple[str, int], list[float]]
 
 
 def launch(
-    parallel: str, profiled_job: str | None, steps: int, url: str
+    parallel: str, shape: Shape, profiled_job: str | None, steps: int, url: str
 ) -> tuple[Cycles, dict[str, dict[str, float]]]:
     """Both jobs in lock-step; per job, each cycle's process and training-thread CPU, and
     its threads' CPU per step by name (the ranks' mean, seconds)."""
@@ -172,7 +185,7 @@ def launch(
     for job in JOBS:
         port = free_port()
         for rank in range(WORLD_SIZE):
-            args = (rank, job, parallel, job == profiled_job, steps, port, url, turns)
+            args = (rank, job, parallel, shape, job == profiled_job, steps, port, url, turns)
             procs.append(ctx.Process(target=rank_main, args=args))
     for proc in procs:
         proc.start()
@@ -226,7 +239,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1500, help="steps of each job per launch")
     p.add_argument("--parallel", default="ddp,fsdp2", help="comma-separated")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ddp-batch", type=int, default=SHAPES["ddp"][2], help="for a ~10 ms step")
+    p.add_argument("--fsdp2-batch", type=int, default=SHAPES["fsdp2"][2], help="the same")
     args = p.parse_args()
+    batches = {"ddp": args.ddp_batch, "fsdp2": args.fsdp2_batch}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -239,6 +255,8 @@ def main() -> None:
         f"{host_speed_text()}:"
     )
     for parallel in args.parallel.split(","):
+        width, depth, _ = SHAPES[parallel]
+        shape = (width, depth, batches[parallel])
         rounds: list[dict[str, float]] = []
         threads: list[dict[str, float]] = []
         by_name: dict[str, dict[str, list[float]]] = {"profiled": {}, "a/a": {}}
@@ -246,7 +264,7 @@ def main() -> None:
         for index in range(args.rounds):
             figures, thread_us = {}, {}
             for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
-                cycles, per_thread = launch(parallel, LAUNCHES[name], args.steps, url)
+                cycles, per_thread = launch(parallel, shape, LAUNCHES[name], args.steps, url)
                 figures[name], plain_ms, thread_us[name] = compare(cycles, LAUNCHES[name], warmup)
                 cycle_ms.append(plain_ms)
                 arm = by_name["a/a" if name == "a/a" else "profiled"]
@@ -255,6 +273,7 @@ def main() -> None:
                     arm.setdefault(thread_name, []).append(us)
                 own = sum(us for thread_name, us in differences.items() if thread_name != "native")
                 arm.setdefault(OWN, []).append(own / (plain_ms * 1e3) * 100)
+                arm.setdefault(OWN_US, []).append(own)
             rounds.append(figures)
             threads.append(thread_us)
             print(
@@ -283,11 +302,15 @@ def main() -> None:
         )
         own, own_low, own_high = median_ci(by_name["profiled"].pop(OWN))
         own_aa, own_aa_low, own_aa_high = median_ci(by_name["a/a"].pop(OWN))
+        own_us, own_us_low, own_us_high = median_ci(by_name["profiled"].pop(OWN_US))
+        by_name["a/a"].pop(OWN_US)
         print(
             f"{parallel.upper()} the training thread and stepscope's threads, gloo's left out: "
             f"{own:+.2f} % [95 % CI {own_low:+.2f} .. {own_high:+.2f}]; A/A {own_aa:+.2f} % "
             f"[{own_aa_low:+.2f} .. {own_aa_high:+.2f}]; goal <= {GOAL_OVERHEAD_PCT:.0f} %: "
-            f"{verdict(own, own_high, own_aa_low, own_aa_high)}",
+            f"{verdict(own, own_high, own_aa_low, own_aa_high)}; that is {own_us:+.1f} µs per "
+            f"step [{own_us_low:+.1f} .. {own_us_high:+.1f}], {own_us / 100:+.2f} % of a 10 ms "
+            "step",
             flush=True,
         )
         for name in sorted(by_name["profiled"].keys() - {"training"}):  # printed above
