@@ -73,10 +73,12 @@ OTHER = {"X": "Y", "Y": "X"}
 LAUNCHES = {"x": "X", "y": "Y", "a/a": None}
 """Launch → the job that runs under stepscope."""
 SHAPES = {"ddp": (512, 3, 250), "fsdp2": (256, 1, 896)}
-"""(width, depth, batch): each makes a step of ~10 ms of CPU on a host that runs 10^6 Python
-additions in ~23 ms. FSDP2's model stays small: most of its step is gloo's threads (~5 ms),
-and a wider model made their CPU swing by several % between launches; its batch adds the
-compute (at batch 32 the step took ~7.5 ms, ~2 ms of it in the training thread)."""
+"""(width, depth, batch) for a step of ~10 ms of CPU: DDP's took 11.1 ms on a host that runs
+10^6 Python additions in ~23 ms, but 14.9 ms on one at 19 ms with slower matrix work (there
+--ddp-batch 165 gave 11.4 ms); FSDP2's took 9.95 ms on the latter. FSDP2's model stays small:
+most of its step is gloo's threads (~5 ms), and a wider model made their CPU swing by several
+% between launches; its batch adds the compute (at batch 32 the step took ~7.5 ms, ~2 ms of it
+in the training thread)."""
 OWN = "stepscope's and the training thread"
 """Key of the sum of every thread's difference but gloo's ("native"), in % of the step..."""
 OWN_US = "the same in µs"

@@ -192,8 +192,8 @@ class Watchdog:
                 now = time.perf_counter()
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
-                # A hang is seen within a tenth of its threshold, at 1-10 looks a second: each look
-                # costs the training's core ~0.1 ms of CPU between its steps.
+                # A hang is seen within a tenth of its threshold, at 1-10 looks a second: a look
+                # costs ~0.1 ms of CPU on a core the training keeps busy.
                 poll_s = min(MAX_POLL_S, max(POLL_S, threshold_s / POLLS_PER_THRESHOLD))
                 self._rearm(now, threshold_s)
                 self._serve_flight_recorder_request()

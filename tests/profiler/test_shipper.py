@@ -57,7 +57,7 @@ def test_a_batch_encoded_in_chunks_is_the_json_of_the_whole() -> None:
 
 def test_a_slow_collector_gets_a_batch_per_flush_interval_not_one_per_answer() -> None:
     # Rows that arrive while an answer takes 0.25 s wait for the next flush (every ~1 s);
-    # posted as soon as the answer came, they made a batch every 0.25 s.
+    # posted as soon as the answer came, they made a batch per answer (9 in 3 s).
     with http_sink() as sink:
         sink.answer_delay_s = 0.25
         shipper = build(sink.url, flush_interval_s=1.0)
