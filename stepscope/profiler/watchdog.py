@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 """How often the watchdog looks at the training thread's progress, at the shortest."""
-MAX_POLL_S = 1.0
+MAX_POLL_S = 0.5
 """...and at the longest: it looks every 1/POLLS_PER_THRESHOLD of the hang threshold."""
 POLLS_PER_THRESHOLD = 10
 FLOOR_S = 5.0
@@ -192,7 +192,7 @@ class Watchdog:
                 now = time.perf_counter()
                 state = self._observe(now)
                 threshold_s = self.hang_after_s()
-                # A hang is seen within a tenth of its threshold, at 1-10 looks a second: a look
+                # A hang is seen within a tenth of its threshold, at 2-10 looks a second: a look
                 # costs ~0.1 ms of CPU on a core the training keeps busy.
                 poll_s = min(MAX_POLL_S, max(POLL_S, threshold_s / POLLS_PER_THRESHOLD))
                 self._rearm(now, threshold_s)

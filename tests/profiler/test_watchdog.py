@@ -403,8 +403,8 @@ def test_a_disabled_profiler_has_a_no_op_phase(monkeypatch: pytest.MonkeyPatch) 
     assert prof.phase("checkpoint_save") is NULL_CONTEXT
 
 
-@pytest.mark.parametrize(("hang_after_s", "poll_s"), [(1.0, 0.1), (6.0, 0.6), (600.0, 1.0)])
-def test_the_watchdog_looks_every_tenth_of_its_threshold_between_0_1_and_1_s(
+@pytest.mark.parametrize(("hang_after_s", "poll_s"), [(1.0, 0.1), (4.0, 0.4), (600.0, 0.5)])
+def test_the_watchdog_looks_every_tenth_of_its_threshold_between_0_1_and_0_5_s(
     hang_after_s: float, poll_s: float
 ) -> None:
     looks: list[float] = []
@@ -423,7 +423,7 @@ def test_the_watchdog_looks_every_tenth_of_its_threshold_between_0_1_and_1_s(
     )
     watchdog._steps_done = WARMUP_STEPS  # past the warm-up's long threshold
     watchdog.start()
-    time.sleep(2.4)
+    time.sleep(1.4)
     watchdog.stop(timeout_s=2.0)
     gaps_s = [later - earlier for earlier, later in zip(looks, looks[1:], strict=False)]
     assert len(gaps_s) >= 2
