@@ -338,7 +338,7 @@ def _walk(
                 pending.append(m)
         elif m in silent:
             culprits.append(_Culprit(m, "silent", point))
-        elif _older_than(report, job, point):
+        elif _older_than(report, job, point) or _moved_on_since(report, job, point):
             pending.append(m)
         elif report.phase is not None and not (report.kind == "hang" and report.ts > cutoff):
             explained.append(m)
@@ -360,6 +360,19 @@ def _older_than(report: RankReport, job: _Job, point: Point) -> bool:
     earlier collective its peers have long completed): the rank is pending until it reports
     again, or silent."""
     return report.ts < job.point_since(point)
+
+
+def _moved_on_since(report: RankReport, job: _Job, point: Point) -> bool:
+    """Whether the rank made progress after every report of the ranks waiting at `point`:
+    they may have gone on too (a rank leaving a long phase completes the collective its
+    peers waited in), so it is pending until they report again."""
+    waiting = job.at_point.get(point, ())
+    progress_ts = report.last_progress_ts
+    return (
+        bool(waiting)
+        and progress_ts is not None
+        and progress_ts > max(job.by_rank[r].ts for r in waiting)
+    )
 
 
 _P2P = frozenset({"send", "recv"})

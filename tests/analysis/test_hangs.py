@@ -203,6 +203,27 @@ def test_checkpoint_phase_explains_the_wait() -> None:
     assert state.finding is None
 
 
+def test_a_rank_leaving_its_phase_is_no_culprit_until_its_peers_report_again() -> None:
+    # Rank 0 ends its checkpoint and reports at once, without the phase; its peers' latest
+    # reports still show them in the barrier it has just completed.
+    layout = LAYOUTS[16]
+    base = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
+    waiting = checkpointing(layout, "j", ts=TS + 1, step=30, base_seq=100)
+    seqs = dict.fromkeys(("tp", "dp", "pp", "world"), (100, 100))
+    left = report(layout, "j", 0, ts=TS + 31.5, kind="heartbeat", step=31, seqs=seqs)
+
+    state = attribute_hang("j", latest(base, waiting, [left]), silent_after_s=6.0)
+
+    assert state.finding is None
+    assert state.pending == [0]
+    # Peers still blocked there after rank 0's progress: rank 0 never entered it.
+    again = [{**doc, "ts": TS + 32.0} for doc in waiting if doc["rank"] != 0]
+    state = attribute_hang("j", latest(base, waiting, [left], again), silent_after_s=6.0)
+    assert state.finding is not None
+    assert state.finding.ranks == [0]
+    assert state.finding.evidence["class"] == "never_entered"
+
+
 def test_clean_job_has_no_hang() -> None:
     layout = LAYOUTS[1024]
     reports = heartbeats(layout, "j", ts=TS, step=30, base_seq=100)
