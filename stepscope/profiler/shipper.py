@@ -59,8 +59,8 @@ class _Batch:
         return self.body_gz
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""Compact JSON; one encoder for every call (json.dumps with options builds one a call)."""
 
 
 def _dumps_list(values: list[Any]) -> str:

@@ -73,8 +73,12 @@ class StepRecord:
             "data_s": round(self.data_s * scale) / scale,
         }
         sections_s: dict[str, float] = {}
+        on_cpu = clock.name == "cpu"  # perf_counter readings, all ready: no call per mark
         for name, start, end in self.spans:
-            span_s = between(start, end) if ready(end) else 0.0
+            if on_cpu:
+                span_s = end - start
+            else:
+                span_s = between(start, end) if ready(end) else 0.0
             sections_s[name] = sections_s.get(name, 0.0) + span_s
         for name, total_s in sections_s.items():
             column = SECTION_COLUMNS.get(name)
@@ -82,54 +86,97 @@ class StepRecord:
                 row[column] = round(total_s * scale) / scale
             else:
                 self.custom[f"{name}_s"] = round(total_s * scale) / scale
-        comm_wait_s = ddp_wait_s = 0.0
-        done: list[CollectiveCall] = []
+        comm_wait_s = 0.0
+        collective_rows: list[dict[str, Any]] = []
         if self.calls:
-            done = [c for c in self.calls if c.end is not None and ready(c.end)]
-        if done:
-            # Each call's offsets from the step's start and exposed wait, computed once.
-            times_s = [
-                (
-                    between(self.base, c.start),
-                    between(self.base, c.end),
-                    _waited_s(c.waits, clock) if c.waits else 0.0,
-                )
-                for c in done
-            ]
-            row["comm_s"] = round(union_s([(s, e) for s, e, _ in times_s]) * scale) / scale
-            comm_wait_s, ddp_wait_s = _comm_wait_s(done, times_s)
-            row["comm_wait_s"] = round(comm_wait_s * scale) / scale
+            comm_s, comm_wait_s, collective_rows = _collectives(
+                self.step, self.calls, self.base, clock, mesh_dims
+            )
+            if collective_rows:
+                row["comm_s"] = round(comm_s * scale) / scale
+                row["comm_wait_s"] = round(comm_wait_s * scale) / scale
         compute_s = max(0.0, self.step_s - self.data_s - comm_wait_s)
         row["compute_s"] = round(compute_s * scale) / scale
         row.update(self.values)
-        if not done:
-            return row, []
-        return row, _collective_rows(self.step, done, times_s, mesh_dims, ddp_wait_s)
+        return row, collective_rows
 
 
-def _comm_wait_s(
-    calls: list[CollectiveCall], times_s: list[tuple[float, float, float]]
-) -> tuple[float, float]:
-    """Time this rank sat blocked on collectives, not overlapped by its own work (and the
-    part of it that was DDP's).
+def _collectives(
+    step: int, calls: list[CollectiveCall], base: Mark, clock: Clock, mesh_dims: dict[str, str]
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """The step's completed collectives, in one pass: the time any was in flight (comm_s), the
+    time this rank sat blocked on them (comm_wait_s), and one row per (group, op).
 
-    DDP buckets: from the last bucket becoming ready (the end of this rank's gradient
-    compute) to the last bucket's all-reduce completing. A rank delayed in backward has
-    its last bucket ready late and waits least; its peers wait for it. Every other
-    collective: the spans the training thread sat in its wait.
+    Blocked: for DDP's buckets, from the last bucket becoming ready (the end of this rank's
+    gradient compute) to the last bucket's all-reduce completing, which goes to the row of
+    its all-reduces. A rank delayed in backward has its last bucket ready late and waits
+    least; its peers wait for it. For every other collective, the spans the training thread
+    sat in its wait.
     """
-    wait_s = 0.0
-    last_ready_s = last_done_s = None
-    for call, (start_s, end_s, call_wait_s) in zip(calls, times_s, strict=True):
-        if call.ddp_bucket:
-            last_ready_s = start_s if last_ready_s is None else max(last_ready_s, start_s)
-            last_done_s = end_s if last_done_s is None else max(last_done_s, end_s)
+    on_cpu = clock.name == "cpu"
+    ready = clock.is_ready
+    between = clock.seconds_between
+    in_flight: list[tuple[float, float]] = []
+    # (group, op) → [a call, count, bytes, busy_s, wait_s, first_seq]
+    by_key: dict[tuple[str, str], list[Any]] = {}
+    waited_s = 0.0
+    ddp_key: tuple[str, str] | None = None
+    last_ready_s = last_done_s = 0.0
+    for call in calls:
+        end = call.end
+        waits = call.waits
+        if end is None:
+            continue
+        if on_cpu:  # perf_counter readings, all ready: arithmetic, no call per mark
+            start_s, end_s = call.start - base, end - base
+            wait_s = sum([e - s for s, e in waits]) if waits else 0.0
+        elif ready(end):
+            start_s, end_s = between(base, call.start), between(base, end)
+            wait_s = _waited_s(waits, clock) if waits else 0.0
         else:
-            wait_s += call_wait_s
-    ddp_s = 0.0
-    if last_ready_s is not None and last_done_s is not None:
+            continue
+        in_flight.append((start_s, end_s))
+        key = (call.group.name, call.op)
+        if call.ddp_bucket:
+            if ddp_key is None:
+                ddp_key, last_ready_s, last_done_s = key, start_s, end_s
+            else:
+                last_ready_s, last_done_s = max(last_ready_s, start_s), max(last_done_s, end_s)
+            wait_s = 0.0
+        waited_s += wait_s
+        busy_s = max(0.0, end_s - start_s)
+        agg = by_key.get(key)
+        if agg is None:
+            by_key[key] = [call, call.count, call.num_bytes, busy_s, wait_s, call.seq]
+        else:
+            agg[1] += call.count
+            agg[2] += call.num_bytes
+            agg[3] += busy_s
+            agg[4] += wait_s
+            if agg[5] is None or (call.seq is not None and call.seq < agg[5]):
+                agg[5] = call.seq
+    if ddp_key is not None:
         ddp_s = max(0.0, last_done_s - last_ready_s)
-    return wait_s + ddp_s, ddp_s
+        by_key[ddp_key][4] += ddp_s
+        waited_s += ddp_s
+    scale = _DURATION_SCALE
+    rows = [
+        {
+            "step": step,
+            "group": call.group.name,
+            "op": call.op,
+            "group_size": call.group.size,
+            "count": count,
+            "bytes": num_bytes,
+            "busy_s": round(busy_s * scale) / scale,
+            "wait_s": round(wait_s * scale) / scale,
+            "first_seq": first_seq,
+            "mesh_dim": mesh_dims.get(call.group.name),
+            "group_ranks": call.group.ranks,
+        }
+        for call, count, num_bytes, busy_s, wait_s, first_seq in by_key.values()
+    ]
+    return union_s(in_flight), waited_s, rows
 
 
 def _waited_s(waits: list[tuple[Mark, Mark]], clock: Clock) -> float:
@@ -138,46 +185,3 @@ def _waited_s(waits: list[tuple[Mark, Mark]], clock: Clock) -> float:
         if clock.is_ready(end):
             total_s += max(0.0, clock.seconds_between(start, end))
     return total_s
-
-
-def _collective_rows(
-    step: int,
-    calls: list[CollectiveCall],
-    times_s: list[tuple[float, float, float]],
-    mesh_dims: dict[str, str],
-    ddp_wait_s: float,
-) -> list[dict[str, Any]]:
-    """One row per (group, op); DDP's exposed wait goes to the row of its all-reduces."""
-    by_key: dict[tuple[str, str], dict[str, Any]] = {}
-    for call, (start_s, end_s, wait_s) in zip(calls, times_s, strict=True):
-        busy_s = max(0.0, end_s - start_s)
-        if call.ddp_bucket:
-            wait_s, ddp_wait_s = ddp_wait_s, 0.0
-        group = call.group
-        agg = by_key.get((group.name, call.op))
-        if agg is None:
-            by_key[(group.name, call.op)] = {
-                "step": step,
-                "group": group.name,
-                "op": call.op,
-                "group_size": group.size,
-                "count": call.count,
-                "bytes": call.num_bytes,
-                "busy_s": busy_s,
-                "wait_s": wait_s,
-                "first_seq": call.seq,
-                "mesh_dim": mesh_dims.get(group.name),
-                "group_ranks": group.ranks,
-            }
-        else:
-            agg["count"] += call.count
-            agg["bytes"] += call.num_bytes
-            agg["busy_s"] += busy_s
-            agg["wait_s"] += wait_s
-            if agg["first_seq"] is None or (call.seq is not None and call.seq < agg["first_seq"]):
-                agg["first_seq"] = call.seq
-    scale = _DURATION_SCALE
-    for agg in by_key.values():
-        agg["busy_s"] = round(agg["busy_s"] * scale) / scale
-        agg["wait_s"] = round(agg["wait_s"] * scale) / scale
-    return list(by_key.values())
