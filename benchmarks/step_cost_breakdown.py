@@ -51,8 +51,8 @@ from profiler_cost import _Sink, build_model, free_port, median_ci  # noqa: E402
 
 ARMS = ("a/a", "full", "no_ddp", "trivial")
 ENTRY_POINTS = {
-    "stepscope.profiler.active._Step": ("__enter__", "__exit__"),
-    "stepscope.profiler.active._Section": ("__enter__", "__exit__"),
+    "stepscope.profiler.scopes.Step": ("__enter__", "__exit__"),
+    "stepscope.profiler.scopes.Section": ("__enter__", "__exit__"),
     "stepscope.profiler.active.ActiveProfiler": (
         "step",
         "section",

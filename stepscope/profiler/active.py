@@ -15,7 +15,7 @@ import platform
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -36,6 +36,7 @@ from .flops import measure_flops, peak_flops_for
 from .groups import GroupRegistry
 from .lifecycle import detect_lifecycle
 from .otlp import build_otlp_metrics
+from .scopes import Phase, Section, Step, TimedLoader
 from .shipper import Shipper
 from .steps import StepRecord
 from .timer import Clock, build_clock
@@ -68,138 +69,6 @@ def _fail_open(default: Any = None) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
-
-
-class _Step:
-    """Context manager for one step; a fresh one per step() call."""
-
-    __slots__ = ("_prof", "_index")
-
-    def __init__(self, prof: ActiveProfiler, index: int | None) -> None:
-        self._prof = prof
-        self._index = index
-
-    def __enter__(self) -> None:
-        prof = self._prof
-        if prof._broken:
-            return
-        try:
-            prof._begin_step(self._index)
-        except Exception as exc:
-            prof._fail(exc)
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> Literal[False]:
-        prof = self._prof
-        if prof._broken:
-            return False
-        try:
-            if exc_type is not None:
-                prof._failed_step = self._index if self._index is not None else prof._next_index - 1
-            prof._end_step(failed=exc_type is not None)
-        except Exception as exc:
-            prof._fail(exc)
-        return False
-
-
-class _Section:
-    """Context manager for one section of the current step."""
-
-    __slots__ = ("_prof", "_name", "_start", "_outer")
-
-    def __init__(self, prof: ActiveProfiler, name: str) -> None:
-        self._prof = prof
-        self._name = name
-        self._start: Any = None
-        self._outer: str | None = None
-
-    def __enter__(self) -> None:
-        prof = self._prof
-        try:
-            if prof._unobserved:  # a boundary: see ActiveProfiler._unobserved
-                prof._tap.observe()
-            self._start = prof._clock.mark()
-            self._outer, prof._section = prof._section, self._name  # for the watchdog
-        except Exception as exc:
-            prof._fail(exc)
-
-    def __exit__(self, *_: object) -> Literal[False]:
-        prof = self._prof
-        prof._section = self._outer
-        if prof._unobserved:
-            prof._tap.observe()
-        current = prof._current
-        if current is None or self._start is None or prof._broken:
-            return False
-        try:
-            current.spans.append((self._name, self._start, prof._clock.mark()))
-        except Exception as exc:
-            prof._fail(exc)
-        return False
-
-
-class _Phase:
-    """Context manager for a declared phase (checkpointing, eval, compilation...); shipped as
-    a `phase` event (its start and duration) when it ends."""
-
-    __slots__ = ("_prof", "_name", "_outer", "_start_ts", "_start")
-
-    def __init__(self, prof: ActiveProfiler, name: str) -> None:
-        self._prof = prof
-        self._name = name
-        self._outer: str | None = None
-        self._start_ts = 0.0
-        self._start = 0.0
-
-    def __enter__(self) -> None:
-        prof = self._prof
-        self._outer, prof._phase = prof._phase, self._name
-        self._start_ts, self._start = time.time(), time.perf_counter()
-        prof._phase_changed_at = self._start
-
-    def __exit__(self, *_: object) -> Literal[False]:
-        prof = self._prof
-        prof._phase = self._outer
-        now = time.perf_counter()
-        prof._phase_changed_at = now
-        if self._outer is None:  # a nested phase is part of its outer one: counted once
-            prof._lifecycle_event(
-                "phase", self._start_ts, name=self._name, duration_s=now - self._start
-            )
-        return False
-
-
-class _TimedLoader:
-    """Iterates a loader, counting the time blocked in next() as data_s."""
-
-    def __init__(self, loader: Iterable[Any], prof: ActiveProfiler) -> None:
-        self._loader = loader
-        self._prof = prof
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self._loader)
-        prof = self._prof
-        clock = time.perf_counter
-        while True:
-            start = clock()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            waited_s = clock() - start
-            current = prof._current
-            if current is not None:
-                current.data_s += waited_s
-            else:  # before step(): the next step's, which starts at the first wait
-                if prof._pre_data_start is None:
-                    prof._pre_data_start = start
-                prof._pre_data_s += waited_s
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self._loader)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
 
 
 class ActiveProfiler(Profiler):
@@ -320,17 +189,17 @@ class ActiveProfiler(Profiler):
     def step(self, step: int | None = None) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        return _Step(self, step)
+        return Step(self, step)
 
     def section(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        return _Section(self, name)
+        return Section(self, name)
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
             return NULL_CONTEXT
-        return _Phase(self, str(name))
+        return Phase(self, str(name))
 
     @_fail_open()
     def resumed_from(self, step: int) -> None:
@@ -343,7 +212,7 @@ class ActiveProfiler(Profiler):
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         if self._broken:
             return loader
-        return _TimedLoader(loader, self)
+        return TimedLoader(loader, self)
 
     @_fail_open()
     def watch(self, model: Any) -> None:

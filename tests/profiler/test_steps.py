@@ -119,3 +119,78 @@ def test_a_collective_still_in_flight_keeps_the_step_unresolved() -> None:
     assert not record.is_resolved(CLOCK)
     call.end = 0.2
     assert record.is_resolved(CLOCK)
+
+
+class _Tick:
+    """A device clock's mark: when it happens, and whether it has happened yet."""
+
+    def __init__(self, at_s: float, *, ready: bool = True) -> None:
+        self.at_s = at_s
+        self.ready = ready
+
+
+class _TickClock:
+    """A clock whose marks are objects resolved later, as CUDA events are."""
+
+    name = "tick"
+
+    def is_ready(self, mark: _Tick) -> bool:
+        return mark.ready
+
+    def seconds_between(self, start: _Tick, end: _Tick) -> float:
+        return end.at_s - start.at_s
+
+    def wait(self, mark: _Tick) -> None:
+        return None
+
+
+def _mixed_step() -> StepRecord:
+    """Sections, DDP's buckets and other collectives in two groups (CPU marks: floats)."""
+    record = StepRecord(step=5, ts=1.7e9, base=0.0, step_s=1.0, data_s=0.05)
+    record.spans = [("forward", 0.05, 0.3), ("backward", 0.3, 0.7), ("optimizer", 0.8, 0.9)]
+    record.calls = [
+        CollectiveCall("all_gather", PAIR, 64, 0.1, 0.2, 7, [(0.1, 0.2)]),
+        bucket(0.4, 0.75),
+        CollectiveCall("all_gather", PAIR, 64, 0.5, 0.9, 8, [(0.85, 0.88), (0.89, 0.9)]),
+        bucket(0.6, 0.78),
+        CollectiveCall("all_reduce", WORLD, 16, 0.3, 0.4, 2),
+    ]
+    return record
+
+
+def _on_ticks(record: StepRecord, *, unready_end_of: int | None = None) -> StepRecord:
+    """The same step on the tick clock; the end of call `unready_end_of` not yet happened."""
+    ticked = StepRecord(step=record.step, ts=record.ts, base=_Tick(record.base))
+    ticked.step_s, ticked.data_s = record.step_s, record.data_s
+    ticked.spans = [(name, _Tick(start), _Tick(end)) for name, start, end in record.spans]
+    for index, call in enumerate(record.calls):
+        waits = [(_Tick(s), _Tick(e)) for s, e in call.waits] if call.waits else None
+        end = _Tick(call.end, ready=index != unready_end_of)
+        ticked.calls.append(
+            CollectiveCall(
+                call.op, call.group, call.num_bytes, _Tick(call.start), end, call.seq, waits,
+                call.ddp_bucket,
+            )
+        )  # fmt: skip
+    return ticked
+
+
+def test_a_device_clock_gives_the_rows_the_cpu_clock_gives() -> None:
+    record = _mixed_step()
+    row, rows = record.to_rows(CLOCK, TP)
+    # Waits 0.1 + 0.03 + 0.01; DDP: last ready 0.6 to last done 0.78. In flight: 0.1-0.2, 0.3-0.9.
+    assert (row["comm_wait_s"], row["comm_s"]) == (pytest.approx(0.14 + 0.18), pytest.approx(0.7))
+    reduce = next(r for r in rows if r["group"] == "0")
+    assert (reduce["count"], reduce["bytes"], reduce["first_seq"]) == (3, 2016, 2)
+    assert (reduce["busy_s"], reduce["wait_s"]) == (pytest.approx(0.63), pytest.approx(0.18))
+    assert _on_ticks(record).to_rows(_TickClock(), TP) == (row, rows)
+
+
+def test_a_device_mark_not_yet_happened_leaves_its_collective_out() -> None:
+    ticked = _on_ticks(_mixed_step(), unready_end_of=4)  # the WORLD all-reduce
+    row, rows = ticked.to_rows(_TickClock(), TP)
+    assert {(r["group"], r["op"]) for r in rows} == {("3", "all_gather"), ("0", "all_reduce")}
+    reduce = next(r for r in rows if r["group"] == "0")
+    assert (reduce["count"], reduce["bytes"], reduce["wait_s"]) == (2, 2000, pytest.approx(0.18))
+    assert reduce["first_seq"] is None
+    assert row["forward_s"] == pytest.approx(0.25)
