@@ -188,6 +188,8 @@ def test_a_device_clock_gives_the_rows_the_cpu_clock_gives() -> None:
 
 def test_a_device_mark_not_yet_happened_leaves_its_collective_out() -> None:
     ticked = _on_ticks(_mixed_step(), unready_end_of=4)  # the WORLD all-reduce
+    assert not ticked.is_resolved(_TickClock())
+    assert _on_ticks(_mixed_step()).is_resolved(_TickClock())
     row, rows = ticked.to_rows(_TickClock(), TP)
     assert {(r["group"], r["op"]) for r in rows} == {("3", "all_gather"), ("0", "all_reduce")}
     reduce = next(r for r in rows if r["group"] == "0")
