@@ -267,27 +267,22 @@ class ActiveProfiler(Profiler):
             self.shipper.update_source(mesh=dict(groups.mesh))
         return not is_model
 
+    @_fail_open()
     def record(
         self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
     ) -> None:
-        if self._broken:
-            return
-        try:  # fail-open inline rather than through @_fail_open: a frame less, every step
-            current = self._current
-            values = current.values if current is not None else self._pre_values
-            if tokens is not None:
-                values["tokens"] = int(tokens)
-            if samples is not None:
-                values["samples"] = int(samples)
-            for key, value in custom.items():
-                if key in _STEP_COLUMNS:
-                    values[key] = value
-                elif current is not None:
-                    current.custom[key] = value
-                else:
-                    values.setdefault("_custom", {})[key] = value
-        except Exception as exc:
-            self._fail(exc)
+        values = self._current.values if self._current is not None else self._pre_values
+        if tokens is not None:
+            values["tokens"] = int(tokens)
+        if samples is not None:
+            values["samples"] = int(samples)
+        for key, value in custom.items():
+            if key in _STEP_COLUMNS:
+                values[key] = value
+            elif self._current is not None:
+                self._current.custom[key] = value
+            else:
+                values.setdefault("_custom", {})[key] = value
 
     @_fail_open()
     def event(self, kind: str, message: str, **attributes: Any) -> None:

@@ -369,11 +369,7 @@ class CollectiveTap:
                 call.waits.append((start, end))
             if call.end is None:
                 call.end = end
-                seq = call.seq  # _completed_seq's common case inline: every collective's path
-                if seq is not None and seq > call.group.completed_seq:
-                    call.group.completed_seq = seq
-                elif call.channel is not None:
-                    _completed_seq(call)
+                _completed_seq(call)
             elif self._on_cpu and start <= call.end < end:
                 # Completed while this thread sat in the wait: it was busy until the
                 # thread resumed (the backend's thread stamped it earlier).
