@@ -33,7 +33,13 @@ from stepscope import schema  # noqa: E402
 from stepscope.analysis.hangs import RankReport, attribute_hang  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
-from stepscope.synthetic.hangs import Layout, checkpointing, heartbeats, inject  # noqa: E402
+from stepscope.synthetic.hangs import (  # noqa: E402
+    Layout,
+    checkpointing,
+    heartbeats,
+    inject,
+    report,
+)
 from tests.live_server import RunningServer, run_server  # noqa: E402
 from tests.support import fresh_postgres_database  # noqa: E402
 
@@ -253,6 +259,21 @@ def in_process(world_size: int, num_hangs: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def half_arrived_s(world_size: int) -> float:
+    """The attribution's time when half the ranks wait in a world barrier (rank 0 in a
+    checkpoint) and the other half have not reached it yet (heartbeats, in no collective):
+    every late rank is asked when the barrier's waiters began and last reported."""
+    layout = LAYOUTS[world_size]
+    docs = {d["rank"]: d for d in checkpointing(layout, "j", ts=1.0, step=30, base_seq=100)}
+    seqs = dict.fromkeys(("tp", "dp", "pp", "world"), (100, 100))
+    for rank in range(1, world_size // 2):
+        docs[rank] = report(layout, "j", rank, ts=20.0, kind="heartbeat", step=30, seqs=seqs)
+    reports = [RankReport.of(d) for d in docs.values()]
+    start = time.perf_counter()
+    attribute_hang("j", reports, silent_after_s=6.0)
+    return time.perf_counter() - start
+
+
 def figure(label: str, measured: object, goal: str) -> None:
     print(f"{label:<56} {measured!s:>10} {goal:>10}")
 
@@ -340,6 +361,8 @@ def main() -> None:
     figure("exact collective (group, op, seq), HTTP", f"{totals['coll'] / n:.1%}", ">= 99 %")
     figure("exact collective, attribution alone", f"{bulk['coll'] / nb:.1%}", ">= 99 %")
     figure("last report -> stored finding, max at 16,384 ranks", f"{max_lat_16k:.3f} s", "<= 1 s")
+    half_s = half_arrived_s(16384)
+    figure("attribution, half of 16,384 ranks not yet arrived", f"{half_s:.3f} s", "<= 1 s")
     for world_size, clean, ckpt in falses:
         figure(
             f"false hangs, clean / checkpointing job, {world_size:,} ranks",

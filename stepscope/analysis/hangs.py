@@ -160,6 +160,7 @@ class _Job:
     _mesh_dims: dict[str, str | None] = field(default_factory=dict)
     _reporting: dict[str, set[int]] | None = None
     _missing: dict[Point, list[int]] = field(default_factory=dict)
+    _waits: dict[Point, tuple[float, float | None]] = field(default_factory=dict)
 
     def _describe(self, group: str) -> None:
         """Members (from a compact group_ranks, else every rank that reports the group) and
@@ -211,9 +212,24 @@ class _Job:
 
     def point_since(self, point: Point) -> float:
         """When the first rank began to wait at `point`."""
-        times = [self.by_rank[r].blocked.since_ts for r in self.at_point.get(point, ())]  # type: ignore[union-attr]
-        known = [t for t in times if t is not None]
-        return min(known) if known else self.now_ts
+        return self._wait(point)[0]
+
+    def point_reported(self, point: Point) -> float | None:
+        """The newest report of the ranks waiting at `point` (None when none waits there)."""
+        return self._wait(point)[1]
+
+    def _wait(self, point: Point) -> tuple[float, float | None]:
+        """(point_since, point_reported), once per point: they are asked of every rank missing
+        from it."""
+        cached = self._waits.get(point)
+        if cached is None:
+            waiting = [self.by_rank[r] for r in self.at_point.get(point, ())]
+            known = [r.blocked.since_ts for r in waiting if r.blocked.since_ts is not None]  # type: ignore[union-attr]
+            cached = self._waits[point] = (
+                min(known) if known else self.now_ts,
+                max((r.ts for r in waiting), default=None),
+            )
+        return cached
 
 
 def _index(reports: Iterable[RankReport], now_ts: float) -> _Job:
@@ -366,13 +382,9 @@ def _moved_on_since(report: RankReport, job: _Job, point: Point) -> bool:
     """Whether the rank made progress after every report of the ranks waiting at `point`:
     they may have gone on too (a rank leaving a long phase completes the collective its
     peers waited in), so it is pending until they report again."""
-    waiting = job.at_point.get(point, ())
+    reported_ts = job.point_reported(point)
     progress_ts = report.last_progress_ts
-    return (
-        bool(waiting)
-        and progress_ts is not None
-        and progress_ts > max(job.by_rank[r].ts for r in waiting)
-    )
+    return reported_ts is not None and progress_ts is not None and progress_ts > reported_ts
 
 
 _P2P = frozenset({"send", "recv"})
