@@ -79,10 +79,12 @@ def test_backward_delay_on_one_rank_of_a_torchrun_job_names_that_rank(
     findings = analyze_json(job_id, "--db", live_server.db_url)
 
     stragglers = [f for f in findings if f["kind"] in STRAGGLER_KINDS]
-    assert [(f["kind"], f["ranks"], f["cause"]) for f in stragglers] == [
-        ("straggler_rank", [slow_rank], "compute")
-    ]
-    (found,) = stragglers
+    (found,) = [f for f in stragglers if f["ranks"] == [slow_rank]]
+    assert (found["kind"], found["cause"]) == ("straggler_rank", "compute")
+    # 4 ranks on 2 busy cores can slow another rank's compute for real, which the test does not
+    # control; none is blamed for a sizeable part of the delay (a peer waiting for it would be).
+    others_s = [f["observed"] - f["expected"] for f in stragglers if f is not found]
+    assert all(s < delay_s / 4 for s in others_s), stragglers
     assert found["job_id"] == job_id
     assert found["effect"] > 0.05
     # Its compute took longer by the delay, and it is the rank that waits least in all_reduce.
