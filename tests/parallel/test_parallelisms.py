@@ -297,17 +297,20 @@ def compute_medians_s(launch: Launch, case: Case) -> dict[int, tuple[float, floa
 def straggler(launch: Launch, case: Case) -> Finding:
     """The delayed rank's straggler finding. 4 ranks on 2 busy cores can make another rank's
     ~2 ms compute slower for real (seen in CI: rank 3 named at a median 1.8 ms, beside the
-    0.2 s delay of rank 1), which the test does not control; what it controls is the delay: its
-    rank is named for it,
-    and no other rank is blamed for a sizeable part of it (as a peer waiting for it would be)."""
+    0.2 s delay of rank 1), which the test does not control. What it controls is the delay:
+    its rank is named for it, and no other rank is blamed for a sizeable part of it (as a peer
+    waiting for it would be)."""
     findings = stored_findings(launch, launch.job_id(case))
     stragglers = [f for f in findings if f.kind in STRAGGLER_KINDS]
     named = [f for f in stragglers if f.ranks == [case.delay_rank]]
-    seen = [(f.kind, f.ranks, f.cause, f.evidence) for f in findings]
-    why = seen, compute_medians_s(launch, case)
-    assert [(f.kind, f.cause) for f in named] == [("straggler_rank", "compute")], why
+
+    def why() -> object:  # read only when an assertion fails
+        seen = [(f.kind, f.ranks, f.cause, f.evidence) for f in findings]
+        return seen, compute_medians_s(launch, case)
+
+    assert [(f.kind, f.cause) for f in named] == [("straggler_rank", "compute")], why()
     others_s = [excess_s(f) for f in stragglers if f not in named]
-    assert all(s < excess_s(named[0]) / 4 for s in others_s), why
+    assert all(s < excess_s(named[0]) / 4 for s in others_s), why()
     return named[0]
 
 
