@@ -11,6 +11,7 @@ node, first step, metric and severity: an escalation to critical is notified aga
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -103,7 +104,8 @@ class WebhookSender:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._poll_s = poll_s
-        self._offers: queue.Queue[tuple[str, list[Finding]]] = queue.Queue(_QUEUE_SIZE)
+        self._offers: queue.Queue[tuple[str, list[Finding]] | None] = queue.Queue(_QUEUE_SIZE)
+        """Offered findings; None wakes the thread to stop."""
         self._full = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,6 +130,8 @@ class WebhookSender:
     def stop(self) -> None:
         """Stop the thread; undelivered findings stay in the outbox for the next start."""
         self._stop.set()
+        with contextlib.suppress(queue.Full):  # full: the thread's wait returns anyway
+            self._offers.put_nowait(None)
         if self._thread is not None:
             self._thread.join(timeout=self._timeout_s + 5)
 
@@ -138,7 +142,8 @@ class WebhookSender:
             while not self._stop.is_set():
                 try:
                     self._store_offers(wait_s=self._poll_s)
-                    self.deliver_due(client)
+                    if not self._stop.is_set():  # claiming would lease deliveries not tried
+                        self.deliver_due(client)
                 except Exception as exc:  # a database hiccup must not end notifications
                     if is_unavailable(exc):
                         OUTAGES.unavailable(exc)
@@ -165,7 +170,7 @@ class WebhookSender:
                 payload=payload(f),
                 attempts=0,
             )
-            for job_id, findings in offers
+            for job_id, findings in filter(None, offers)
             for f in findings
             for target in self._urls
         ]

@@ -43,15 +43,8 @@ def signed(request: Received) -> bool:
 
 
 def sender(engine: sa.Engine, url: str, **kwargs: object) -> WebhookSender:
-    return WebhookSender(
-        engine,
-        [url],
-        secret=SECRET,
-        timeout_s=5.0,
-        backoff_s=0.05,
-        poll_s=0.05,
-        **kwargs,  # type: ignore[arg-type]
-    )
+    options: dict[str, object] = {"timeout_s": 5.0, "backoff_s": 0.05, "poll_s": 0.05}
+    return WebhookSender(engine, [url], secret=SECRET, **{**options, **kwargs})  # type: ignore[arg-type]
 
 
 def test_a_finding_is_delivered_once_retried_after_a_500_and_signed(db_url: str) -> None:
@@ -91,6 +84,19 @@ def test_a_finding_is_delivered_once_retried_after_a_500_and_signed(db_url: str)
     assert row["delivered_at"] is not None
     assert row["next_attempt_at"] is None
     assert receiver.url not in repr(row), "the URL (a secret for Slack) is stored hashed"
+    engine.dispose()
+
+
+def test_stop_wakes_the_thread_from_its_wait_for_offers(db_url: str) -> None:
+    engine = make_engine(db_url)
+    with webhook_receiver() as receiver:
+        hooks = sender(engine, receiver.url, poll_s=60.0)
+        hooks.start()
+        hooks.offer("job-w", [straggler()])
+        receiver.wait_for(lambda r: len(r) == 1)  # then it waits up to poll_s for offers
+        hooks.stop()  # joins for timeout_s + 5 s at most
+        assert hooks._thread is not None
+        assert not hooks._thread.is_alive()
     engine.dispose()
 
 
