@@ -33,6 +33,11 @@ ends included (the shipper's thread is not counted: thread CPU is the calling th
 figure is the median over rounds of the paired difference to its base, µs per call, with a
 bootstrap 95 % interval (wall time) and the same median in thread CPU time.
 
+With --evict-mb N, N MB are written before every call and each call is timed alone (a
+segment's figure is then its median call): what a call costs after a step's compute has
+pushed the tap's (and torch's) data out of the CPU's caches, as in a training step, rather
+than in a loop that keeps them there. The step arms' step boundaries are not timed then.
+
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/collective_tap.py
 """
 
@@ -141,8 +146,39 @@ def _empty_kernel(redispatch: Any) -> Callable[..., Any]:
     return kernel
 
 
+def run_calls(one: Callable[[], Any], num_calls: int, prof: Any) -> None:
+    """`num_calls` calls of `one`, CALLS_PER_STEP to a prof.step() where there is a profiler."""
+    if prof is None:
+        for _ in range(num_calls):
+            one()
+    else:
+        for _ in range(num_calls // CALLS_PER_STEP):
+            with prof.step():
+                for _ in range(CALLS_PER_STEP):
+                    one()
+
+
+def evicted_calls(
+    call: Callable[[], Any], num_calls: int, evict: torch.Tensor, prof: Any
+) -> tuple[float, float]:
+    """`num_calls` times the median wall and thread-CPU seconds of a call timed alone right
+    after `evict` is written: the caches hold a step's data, not the tap's (or torch's)."""
+    walls_s: list[float] = []
+    cpus_s: list[float] = []
+
+    def one() -> None:
+        evict.add_(1.0)
+        wall_start_s, cpu_start_s = time.perf_counter(), time.thread_time()
+        call()
+        walls_s.append(time.perf_counter() - wall_start_s)
+        cpus_s.append(time.thread_time() - cpu_start_s)
+
+    run_calls(one, num_calls, prof)
+    return num_calls * statistics.median(walls_s), num_calls * statistics.median(cpus_s)
+
+
 def segment(
-    arm: str, call: Callable[[], Any], num_calls: int, url: str
+    arm: str, call: Callable[[], Any], num_calls: int, url: str, evict: torch.Tensor | None
 ) -> tuple[float, float, int, int]:
     """Wall and thread-CPU seconds of `num_calls` calls under `arm`; calls and waits recorded."""
     records: list[CollectiveCall] = []
@@ -160,16 +196,12 @@ def segment(
             job_id="bench-tap", url=url, patch_collectives=arm == "step+tap", close_timeout_s=0.0
         )
         assert prof.enabled
-    wall_start_s, cpu_start_s = time.perf_counter(), time.thread_time()
-    if prof is None:
-        for _ in range(num_calls):
-            call()
+    if evict is not None:
+        wall_s, cpu_s = evicted_calls(call, num_calls, evict, prof)
     else:
-        for _ in range(num_calls // CALLS_PER_STEP):
-            with prof.step():
-                for _ in range(CALLS_PER_STEP):
-                    call()
-    wall_s, cpu_s = time.perf_counter() - wall_start_s, time.thread_time() - cpu_start_s
+        wall_start_s, cpu_start_s = time.perf_counter(), time.thread_time()
+        run_calls(call, num_calls, prof)
+        wall_s, cpu_s = time.perf_counter() - wall_start_s, time.thread_time() - cpu_start_s
     if remove_bare is not None:
         remove_bare()
     if tap is not None:
@@ -191,6 +223,7 @@ def measure(backend: str, args: Any, url: str, queue: Any) -> None:
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     calls = build_calls(backend)
+    evict = torch.zeros(args.evict_mb * 2**18) if args.evict_mb else None  # 4-byte floats
     rng = random.Random(args.seed)
     wall_s: dict[str, dict[str, list[float]]] = {c: {a: [] for a in ARMS} for c in calls}
     cpu_s: dict[str, dict[str, list[float]]] = {c: {a: [] for a in ARMS} for c in calls}
@@ -198,7 +231,7 @@ def measure(backend: str, args: Any, url: str, queue: Any) -> None:
     for round_index in range(args.warmup_rounds + args.rounds):
         for name, call in calls.items():
             for arm in rng.sample(ARMS, len(ARMS)):
-                wall, cpu, num_records, num_waits = segment(arm, call, args.calls, url)
+                wall, cpu, num_records, num_waits = segment(arm, call, args.calls, url, evict)
                 if round_index < args.warmup_rounds:
                     continue
                 wall_s[name][arm].append(wall / args.calls)
@@ -267,6 +300,12 @@ def main() -> None:
     p.add_argument("--backends", default="fake,gloo", help="comma-separated")
     p.add_argument("--quick", action="store_true", help="400 calls per segment, 1 warm-up round")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--evict-mb",
+        type=int,
+        default=0,
+        help="write this many MB before each call and time each call alone (0: warm loop)",
+    )
     args = p.parse_args()
     if args.quick:
         args.warmup_rounds, args.calls = 1, 400
@@ -279,6 +318,8 @@ def main() -> None:
         f"Collective tap cost per call: {args.rounds} rounds x {len(ARMS)} arms, random order; "
         f"the step arms issue {CALLS_PER_STEP} calls per prof.step(); {host_speed_text()}"
     )
+    if args.evict_mb:
+        print(f"each call timed alone, after {args.evict_mb} MB were written (caches evicted)")
     for backend in args.backends.split(","):
         missed = print_backend(backend, run_backend(backend, args, url), args.calls)
         for arm, names in missed.items():
