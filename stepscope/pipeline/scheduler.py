@@ -162,8 +162,11 @@ class BackgroundAnalyzer:
         then answer from memory until the next pass (stepscope.query.memo)."""
         try:
             query.rank_table(self._engine, job_id)
-        except Exception:
-            log.exception("the rank table of job %s failed", job_id)
+        except Exception as exc:
+            if is_unavailable(exc):  # the database went away after the pass: one outage line
+                OUTAGES.unavailable(exc)
+            else:
+                log.exception("the rank table of job %s failed", job_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import adbc_driver_postgresql.dbapi
 import numpy as np
 import pytest
 
@@ -12,8 +14,10 @@ from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.store import reads
+from stepscope.store.availability import OUTAGES
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
+from tests.live_server import free_port
 from tests.support import write_job_in_rounds
 
 
@@ -80,3 +84,28 @@ def test_the_background_analyzer_computes_the_rank_table_after_its_pass(
     table = query.rank_table(engine, spec.job_id)  # answered from memory
     assert read == ["warm"]
     assert sorted(table.rank.tolist()) == [0, 1, 2, 3]
+
+
+def test_an_outage_during_the_rank_table_is_one_outage_line_not_a_traceback(
+    engine: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = JobSpec(job_id="outage-warm", num_ranks=2, num_steps=60, seed=5)
+    list(write_job_in_rounds(engine, generate(spec), steps_per_batch=60))
+    with pytest.raises(adbc_driver_postgresql.dbapi.OperationalError) as refused:
+        adbc_driver_postgresql.dbapi.connect(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise refused.value  # what the Arrow reader raises when PostgreSQL stops mid-pass
+
+    monkeypatch.setattr(reads, "read_bucket_matrices", down)
+    with PassResources() as resources, caplog.at_level(logging.WARNING):
+        analyzer = BackgroundAnalyzer(
+            engine, interval_s=60, active_within_s=3600, resources=resources
+        )
+        assert analyzer.run_once() == 1
+    assert OUTAGES.ongoing
+    OUTAGES.available()
+    assert [r.exc_info for r in caplog.records] == [None, None]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("database unavailable ("), messages
+    assert messages[1].startswith("database available again after"), messages

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sqlite3
 
 import adbc_driver_postgresql.dbapi
@@ -11,16 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from stepscope.store.availability import is_unavailable
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.live_server import free_port
 
 
 def test_refused_connections_are_an_outage_for_the_writer_and_the_arrow_reader() -> None:
-    uri = f"postgresql://postgres@127.0.0.1:{_closed_port()}/test"
+    uri = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
     with pytest.raises(psycopg.OperationalError) as by_psycopg:
         psycopg.connect(uri, connect_timeout=5)
     with pytest.raises(adbc_driver_postgresql.dbapi.OperationalError) as by_adbc:
