@@ -8,6 +8,24 @@ import pytest
 from tests.live_server import RunningServer, run_server
 from tests.support import fresh_postgres_database
 
+STARTED_FIRST = (
+    "tests/parallel/test_parallelisms.py",
+    "tests/profiler/test_hangs_torchrun.py",
+    "tests/demo/test_demo.py",
+    "tests/cli/test_check.py",
+)
+"""The files whose torchrun jobs take longest (1-3 minutes), longest first: `make test` runs
+files on two workers (pytest-xdist, `--dist loadfile`), and these started last would finish
+alone."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return STARTED_FIRST.index(path) if path in STARTED_FIRST else len(STARTED_FIRST)
+
+    items.sort(key=rank)  # stable: the files' tests, and the other files, keep their order
+
 
 @pytest.fixture
 def live_server() -> Iterator[RunningServer]:
