@@ -74,6 +74,18 @@ def fresh_postgres_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def assert_one_outage_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """What was logged (WARNING and up) is an ongoing outage's line alone, no traceback; the
+    outage is then ended here, which logs its second line."""
+    from stepscope.store.availability import OUTAGES
+
+    assert OUTAGES.ongoing, caplog.messages
+    OUTAGES.available()
+    assert [r.exc_info for r in caplog.records] == [None, None], caplog.messages
+    assert caplog.messages[0].startswith("database unavailable ("), caplog.messages
+    assert caplog.messages[1].startswith("database available again after"), caplog.messages
+
+
 def write_job_in_rounds(engine: Any, job: Any, *, steps_per_batch: int = 25) -> Iterator[int]:
     """Store a synthetic job round by round (stepscope.synthetic.stream.store_rounds)."""
     from stepscope.synthetic.stream import store_rounds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -14,11 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
+from stepscope.pipeline.captures import CaptureDesk
+from stepscope.schema import Finding
+from stepscope.store.engine import make_engine
 from stepscope.synthetic.generate import JobSpec, SynthJob, generate
 from stepscope.synthetic.hangs import Layout, heartbeats, inject
 from stepscope.synthetic.stream import rank_batches
 from tests.jobs import STRAGGLER, straggler_job
-from tests.live_server import RunningServer, read_rows, run_server
+from tests.live_server import RunningServer, free_port, read_rows, run_server
+from tests.support import assert_one_outage_logged
 
 JOB = "capture-job"
 HANG_LAYOUT = Layout(dp=4, tp=4, pp=1)
@@ -307,3 +312,26 @@ def test_a_hang_on_a_live_job_asks_for_a_capture_of_its_culprit(
     by_role = {c["role"]: c["rank"] for c in request["captures"]}
     assert by_role == {"culprit": culprit, "reference": 0 if culprit != 0 else 1}
     assert request["finding"]["kind"] == "hang"
+
+
+def test_an_outage_while_asking_for_a_capture_is_one_outage_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/down")
+    desk = CaptureDesk(engine, num_steps=5, max_steps=50, auto=True, max_auto_per_job=2)
+    finding = Finding(
+        job_id="down",
+        kind="straggler_rank",
+        severity="warning",
+        ranks=[3],
+        node="node-0000",
+        first_step=10,
+        metric="compute_s",
+        cause="compute",
+        effect=0.2,
+    )
+    with caplog.at_level(logging.WARNING):
+        desk.on_findings("down", [finding])  # the findings hook never raises
+        desk.on_findings("down", [finding])
+    engine.dispose()
+    assert_one_outage_logged(caplog)

@@ -14,11 +14,10 @@ from stepscope.pipeline.job_pass import JobAnalyzer
 from stepscope.pipeline.resources import PassResources
 from stepscope.pipeline.scheduler import BackgroundAnalyzer
 from stepscope.store import reads
-from stepscope.store.availability import OUTAGES
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.generate import JobSpec, Straggler, generate
 from tests.live_server import free_port
-from tests.support import write_job_in_rounds
+from tests.support import assert_one_outage_logged, write_job_in_rounds
 
 
 @pytest.fixture
@@ -103,9 +102,4 @@ def test_an_outage_during_the_rank_table_is_one_outage_line_not_a_traceback(
             engine, interval_s=60, active_within_s=3600, resources=resources
         )
         assert analyzer.run_once() == 1
-    assert OUTAGES.ongoing
-    OUTAGES.available()
-    assert [r.exc_info for r in caplog.records] == [None, None]
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages[0].startswith("database unavailable ("), messages
-    assert messages[1].startswith("database available again after"), messages
+    assert_one_outage_logged(caplog)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 import httpx
 import pytest
@@ -14,12 +16,14 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from stepscope.schema import Finding
 from stepscope.server.otlp_export import OtlpEventExporter, logs_url
 from stepscope.server.settings import Settings
+from stepscope.store.availability import OUTAGES
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.stream import stream_job
 from tests.api.conftest import JOB, main_job
 from tests.jobs import STRAGGLER
 from tests.live_server import free_port, read_rows, run_server
 from tests.server.webhook_receiver import Received, webhook_receiver
+from tests.support import assert_one_outage_logged
 
 
 def _value(value: AnyValue) -> object:
@@ -180,3 +184,19 @@ def test_the_export_is_off_unless_an_http_endpoint_is_set(monkeypatch: pytest.Mo
         Settings()
     assert logs_url("http://c:4318") == "http://c:4318/v1/logs"
     assert logs_url("http://c:4318/v1/logs") == "http://c:4318/v1/logs"
+
+
+def test_a_database_outage_is_one_outage_line_not_a_traceback_every_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/down")
+    with webhook_receiver() as sink, caplog.at_level(logging.WARNING):
+        exporter = OtlpEventExporter(engine, sink.url, interval_s=0.05)
+        exporter.start()
+        deadline = time.monotonic() + 30
+        while not OUTAGES.ongoing and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # several more intervals meet the outage
+        exporter.stop()
+    engine.dispose()
+    assert_one_outage_logged(caplog)
