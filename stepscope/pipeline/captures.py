@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from stepscope import schema
 from stepscope.query import JobNotFound
 from stepscope.store import captures
-from stepscope.store.availability import OUTAGES, is_unavailable
+from stepscope.store.availability import OUTAGES
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +174,7 @@ class CaptureDesk:
         try:
             self._capture_findings(job_id, findings)
         except Exception as exc:
-            if is_unavailable(exc):  # one line per outage, not a traceback per job
-                OUTAGES.unavailable(exc)
-            else:
-                log.exception("asking for a deep capture of job %s failed", job_id)
+            OUTAGES.failed(exc, log, "asking for a deep capture of job %s failed", job_id)
 
     def _capture_findings(self, job_id: str, findings: list[schema.Finding]) -> None:
         wanted = [f for f in findings if f.kind in AUTO_KINDS and f.ranks]

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from stepscope import schema
 from stepscope.analysis.hangs import HangState, RankReport, attribute_hang, resumed
 from stepscope.store import hang_reports
-from stepscope.store.availability import OUTAGES, is_unavailable
+from stepscope.store.availability import OUTAGES
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,8 @@ class HangMonitor:
             with self._engine.begin() as conn:
                 hang_reports.upsert_reports(conn, rows)
         except Exception as exc:
-            if is_unavailable(exc):  # the request answers 503; the rank reports again
-                OUTAGES.unavailable(exc)
-            else:
-                log.exception("storing %d hang report(s) failed", len(rows))
+            # Unavailable: the request answers 503; the rank reports again.
+            OUTAGES.failed(exc, log, "storing %d hang report(s) failed", len(rows))
             for _, future in group:
                 future.set_exception(exc)
             return
@@ -179,10 +177,7 @@ class HangMonitor:
             try:
                 self.attribute(job_id)
             except Exception as exc:
-                if is_unavailable(exc):
-                    OUTAGES.unavailable(exc)
-                else:
-                    log.exception("hang attribution of job %s failed", job_id)
+                OUTAGES.failed(exc, log, "hang attribution of job %s failed", job_id)
             finally:
                 del self._dirty[job_id]  # pending while it ran (stores wait for this thread)
 

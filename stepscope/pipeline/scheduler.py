@@ -163,17 +163,11 @@ class BackgroundAnalyzer:
         try:
             query.rank_table(self._engine, job_id)
         except Exception as exc:
-            if is_unavailable(exc):  # the database went away after the pass: one outage line
-                OUTAGES.unavailable(exc)
-            else:
-                log.exception("the rank table of job %s failed", job_id)
+            OUTAGES.failed(exc, log, "the rank table of job %s failed", job_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
                 self.run_round()
             except Exception as exc:  # the thread must outlive any round
-                if is_unavailable(exc):
-                    OUTAGES.unavailable(exc)
-                else:
-                    log.exception("a round of background analysis failed")
+                OUTAGES.failed(exc, log, "a round of background analysis failed")

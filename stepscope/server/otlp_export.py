@@ -30,7 +30,7 @@ from stepscope import __version__
 from stepscope.schema import Finding
 from stepscope.server.webhooks import finding_key
 from stepscope.store import jobs
-from stepscope.store.availability import OUTAGES, is_unavailable
+from stepscope.store.availability import OUTAGES
 from stepscope.text.findings import finding_line
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,4 @@ class OtlpEventExporter:
             try:
                 self.export_summaries()
             except Exception as exc:  # a database hiccup must not end the export
-                if is_unavailable(exc):
-                    OUTAGES.unavailable(exc)
-                else:
-                    log.exception("OTLP export of the live summaries failed")
+                OUTAGES.failed(exc, log, "OTLP export of the live summaries failed")

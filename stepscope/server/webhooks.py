@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from stepscope import __version__
 from stepscope.schema import Finding
 from stepscope.store import deliveries
-from stepscope.store.availability import OUTAGES, is_unavailable
+from stepscope.store.availability import OUTAGES
 from stepscope.store.deliveries import Delivery
 from stepscope.text.findings import finding_line
 
@@ -145,10 +145,7 @@ class WebhookSender:
                     if not self._stop.is_set():  # claiming would lease deliveries not tried
                         self.deliver_due(client)
                 except Exception as exc:  # a database hiccup must not end notifications
-                    if is_unavailable(exc):
-                        OUTAGES.unavailable(exc)
-                    else:
-                        log.exception("webhook delivery pass failed")
+                    OUTAGES.failed(exc, log, "webhook delivery pass failed")
                     self._stop.wait(self._poll_s)
 
     def _store_offers(self, wait_s: float) -> None:

@@ -6,6 +6,7 @@ import logging
 import sqlite3
 import threading
 import time
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -86,6 +87,14 @@ class OutageLog:
             "database unavailable (%s): answering 503 and retrying until it is back",
             unavailable_reason(exc),
         )
+
+    def failed(self, exc: BaseException, logger: logging.Logger, message: str, *args: Any) -> None:
+        """Log a background operation that failed: the outage's one line when the database is
+        unavailable, else `message` with the traceback."""
+        if is_unavailable(exc):
+            self.unavailable(exc)
+        else:
+            logger.error(message, *args, exc_info=exc)
 
     def available(self) -> None:
         """Note one operation that succeeded; ends an outage (cheap when there is none)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 
 import adbc_driver_postgresql.dbapi
@@ -9,7 +10,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from stepscope.store.availability import is_unavailable
+from stepscope.store.availability import OutageLog, is_unavailable
 from tests.live_server import free_port
 
 
@@ -33,3 +34,22 @@ def test_sql_errors_and_other_exceptions_are_bugs(empty_db_url: str) -> None:
     assert not is_unavailable(ValueError("not a database error"))
     assert is_unavailable(sqlite3.OperationalError("database is locked"))
     assert not is_unavailable(sqlite3.OperationalError("no such table: steps"))
+
+
+def test_a_failure_is_the_outage_line_when_unavailable_else_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outages, logger = OutageLog(), logging.getLogger("stepscope.test")
+    with caplog.at_level(logging.WARNING):
+        outages.failed(sqlite3.OperationalError("database is locked"), logger, "pass of %s", "a")
+        outages.failed(sqlite3.OperationalError("database is locked"), logger, "pass of %s", "b")
+        outages.failed(ValueError("a bug"), logger, "pass of %s", "c")
+    assert outages.ongoing
+    assert caplog.messages == [
+        "database unavailable (database is locked): answering 503 and retrying until it is back",
+        "pass of c",
+    ]
+    assert caplog.records[0].exc_info is None
+    traceback = caplog.records[1].exc_info
+    assert traceback is not None
+    assert isinstance(traceback[1], ValueError)
