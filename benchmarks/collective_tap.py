@@ -14,7 +14,7 @@ each wait race the transfer; run in a child process of its own). The calls:
 
 Waits are `Work.wait(work)`: the fake backend's FakeWork has a wait of its own, which
 `work.wait()` would reach without the class-level Work.wait wrapper. Its synchronous
-all_reduce waits inside c10d through FakeWork's own wait (0 waits per call in the last
+all_reduce waits inside c10d through FakeWork's own wait (0 waited per call in the last
 column): the tap looks at that work at the next call instead.
 
 Arms, run in a random order in every round on the same calls:
@@ -180,7 +180,8 @@ def evicted_calls(
 def segment(
     arm: str, call: Callable[[], Any], num_calls: int, url: str, evict: torch.Tensor | None
 ) -> tuple[float, float, int, int]:
-    """Wall and thread-CPU seconds of `num_calls` calls under `arm`; calls and waits recorded."""
+    """Wall and thread-CPU seconds of `num_calls` calls under `arm`; calls recorded, and how many
+    of them were waited on."""
     records: list[CollectiveCall] = []
     tap = None
     remove_bare = None
@@ -208,7 +209,7 @@ def segment(
         tap.remove()
     if prof is not None:
         prof.close()
-    return wall_s, cpu_s, len(records), sum(len(r.waits or ()) for r in records)
+    return wall_s, cpu_s, len(records), sum(r.wait_s > 0 for r in records)
 
 
 def measure(backend: str, args: Any, url: str, queue: Any) -> None:
@@ -268,7 +269,7 @@ def print_backend(backend: str, result: dict[str, Any], num_calls: int) -> dict[
     )
     print(
         f"{'call':15} {'off':>6} {'bare-off':>8} {'tap - off: wall':>27} {'CPU':>7} "
-        f"{'tap-bare':>8}   {'step+tap - step: wall':>27} {'CPU':>7}   recorded/waits per call"
+        f"{'tap-bare':>8}   {'step+tap - step: wall':>27} {'CPU':>7}   recorded/waited per call"
     )
     missed: dict[str, list[str]] = {"tap": [], "step+tap": []}
     for name in wall_s:

@@ -28,7 +28,8 @@ class CollectiveCall:
     seq: int | None = None
     """Its sequence number in the group (None for send/recv and DDP's timers)."""
     waits: list[tuple[Mark, Mark]] | None = None
-    """Spans the training thread sat blocked waiting for it (None until the first)."""
+    """On a device clock, the spans the training thread sat blocked waiting for it (None until
+    the first)."""
     ddp_bucket: bool = False
     """DDP gradients: exposed from the last bucket's start to the last bucket's end."""
     count: int = 1
@@ -37,6 +38,10 @@ class CollectiveCall:
     """send/recv: the channel to or from its peer (GroupRegistry.channel)."""
     channel_seq: int = 0
     """send/recv: its sequence number on the channel."""
+    wait_s: float = 0.0
+    """On the CPU clock, the seconds the training thread sat blocked waiting for it, added at
+    each wait's end: a float where a list of spans would be 2 more objects a collective for
+    the garbage collector to count until the step is shipped."""
 
 
 Record = Callable[[CollectiveCall], None]

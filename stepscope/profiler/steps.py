@@ -127,15 +127,14 @@ def _collectives(
     last_ready_s = last_done_s = 0.0
     for call in calls:
         end = call.end
-        waits = call.waits
         if end is None:
             continue
         if on_cpu:  # perf_counter readings, all ready: arithmetic, no call per mark
             start_s, end_s = call.start - base, end - base
-            wait_s = sum([e - s for s, e in waits]) if waits else 0.0
+            wait_s = call.wait_s
         elif ready(end):
             start_s, end_s = between(base, call.start), between(base, end)
-            wait_s = _waited_s(waits, clock) if waits else 0.0
+            wait_s = _waited_s(call.waits, clock) if call.waits else 0.0
         else:
             continue
         in_flight.append((start_s, end_s))

@@ -363,7 +363,9 @@ class CollectiveTap:
         self.waiting = None
         try:
             end = self._mark()
-            if call.waits is None:
+            if self._on_cpu:
+                call.wait_s += end - start
+            elif call.waits is None:
                 call.waits = [(start, end)]
             else:
                 call.waits.append((start, end))

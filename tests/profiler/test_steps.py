@@ -74,7 +74,7 @@ def test_only_the_time_spent_in_waits_is_exposed_and_rows_are_per_group_and_op()
             start=0.1,
             end=0.2,
             seq=7,
-            waits=[(0.1, 0.2)],
+            wait_s=0.1,
         ),
         # An async one, overlapped with compute, waited on for its last 0.05 s.
         CollectiveCall(
@@ -84,7 +84,7 @@ def test_only_the_time_spent_in_waits_is_exposed_and_rows_are_per_group_and_op()
             start=0.5,
             end=0.9,
             seq=8,
-            waits=[(0.85, 0.9)],
+            wait_s=0.05,
         ),
         CollectiveCall(op="all_reduce", group=WORLD, num_bytes=16, start=0.3, end=0.4, seq=2),
     ]
@@ -144,27 +144,35 @@ class _TickClock:
         return None
 
 
+WAITS = {0: [(0.1, 0.2)], 2: [(0.85, 0.88), (0.89, 0.9)]}
+"""The spans waited for each call of _mixed_step, by its index."""
+
+
 def _mixed_step() -> StepRecord:
-    """Sections, DDP's buckets and other collectives in two groups (CPU marks: floats)."""
+    """Sections, DDP's buckets and other collectives in two groups (CPU marks: floats; a
+    call's waits summed in its wait_s, from WAITS)."""
     record = StepRecord(step=5, ts=1.7e9, base=0.0, step_s=1.0, data_s=0.05)
     record.spans = [("forward", 0.05, 0.3), ("backward", 0.3, 0.7), ("optimizer", 0.8, 0.9)]
     record.calls = [
-        CollectiveCall("all_gather", PAIR, 64, 0.1, 0.2, 7, [(0.1, 0.2)]),
+        CollectiveCall("all_gather", PAIR, 64, 0.1, 0.2, 7),
         bucket(0.4, 0.75),
-        CollectiveCall("all_gather", PAIR, 64, 0.5, 0.9, 8, [(0.85, 0.88), (0.89, 0.9)]),
+        CollectiveCall("all_gather", PAIR, 64, 0.5, 0.9, 8),
         bucket(0.6, 0.78),
         CollectiveCall("all_reduce", WORLD, 16, 0.3, 0.4, 2),
     ]
+    for index, waits in WAITS.items():
+        record.calls[index].wait_s = sum(end - start for start, end in waits)
     return record
 
 
 def _on_ticks(record: StepRecord, *, unready_end_of: int | None = None) -> StepRecord:
-    """The same step on the tick clock; the end of call `unready_end_of` not yet happened."""
+    """The same step on the tick clock (its waits as spans, from WAITS); the end of call
+    `unready_end_of` not yet happened."""
     ticked = StepRecord(step=record.step, ts=record.ts, base=_Tick(record.base))
     ticked.step_s, ticked.data_s = record.step_s, record.data_s
     ticked.spans = [(name, _Tick(start), _Tick(end)) for name, start, end in record.spans]
     for index, call in enumerate(record.calls):
-        waits = [(_Tick(s), _Tick(e)) for s, e in call.waits] if call.waits else None
+        waits = [(_Tick(s), _Tick(e)) for s, e in WAITS[index]] if index in WAITS else None
         end = _Tick(call.end, ready=index != unready_end_of)
         ticked.calls.append(
             CollectiveCall(
