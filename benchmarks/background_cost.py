@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from overhead_lockstep import threads_cpu_s  # noqa: E402
 from profiler_cost import _Sink, free_port, host_speed_text  # noqa: E402
 
 ARMS = ("plain", "stepscope", "breakdown")
@@ -91,21 +92,6 @@ def time_functions(totals: dict[str, float]) -> None:
                 totals[_key] += time.thread_time() - start_s
 
         setattr(cls, name, functools.wraps(original)(timed))
-
-
-def threads_cpu_s() -> dict[str, float]:
-    """CPU seconds so far of each thread of this process, summed by name."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    names[threading.main_thread().native_id] = "training"
-    totals: dict[str, float] = defaultdict(float)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as stat:
-                ns = int(stat.read().split()[0])
-        except (OSError, ValueError, IndexError):  # the thread ended
-            continue
-        totals[names.get(int(tid), "native")] += ns / 1e9
-    return totals
 
 
 def arm_main(arm: str, steps: int, batch: int) -> dict[str, Any]:
