@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import stepscope
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead_lockstep import threads_cpu_s  # noqa: E402
@@ -84,10 +86,12 @@ def time_functions(totals: dict[str, float]) -> None:
         original = getattr(cls, name)
         key = f"{cls.__name__}.{name}"
 
-        def timed(*args: Any, _original: Callable[..., Any] = original, _key: str = key) -> Any:
+        def timed(
+            *args: Any, _original: Callable[..., Any] = original, _key: str = key, **kwargs: Any
+        ) -> Any:
             start_s = time.thread_time()
             try:
-                return _original(*args)
+                return _original(*args, **kwargs)
             finally:
                 totals[_key] += time.thread_time() - start_s
 
@@ -111,7 +115,7 @@ def arm_main(arm: str, steps: int, batch: int) -> dict[str, Any]:
     prof: Any = _NullProfiler()
     if arm != "plain":
         url = f"http://127.0.0.1:{sink.server_address[1]}"
-        prof = __import__("stepscope").init(job_id=f"bench-background-{os.getpid()}", url=url)
+        prof = stepscope.init(job_id=f"bench-background-{os.getpid()}", url=url)
         assert prof.enabled
 
     collections: Counter[int] = Counter()
@@ -186,8 +190,6 @@ def median_of(results: list[dict[str, Any]], *keys: str) -> float:
 
 def _stepscope_dir() -> str:
     """Where the arms import stepscope from (PYTHONPATH may name an export of another commit)."""
-    import stepscope
-
     return str(Path(stepscope.__file__).parent.parent)
 
 

@@ -283,6 +283,23 @@ def test_baselines_before_a_level_shift_are_dropped_and_named() -> None:
     assert last_shift(np.zeros(10), alpha=0.01, min_effect=0.02) is None
 
 
+def test_a_component_shift_drops_baselines_only_when_it_matters_to_the_step_time() -> None:
+    # data_s is ~2% of the step: +10% of it is 0.2% of the step (the verdict's floor is 2% of
+    # the step time), +200% is ~4%.
+    def history(data_factor: float) -> list[JobData]:
+        return [
+            data_of(steps_of(s).with_columns(pl.col("data_s") * data_factor)) if s < 4 else job(s)
+            for s in range(10)
+        ]
+
+    small = check_regression([job(100)], history(1.1), CheckConfig())
+    assert small.dropped == []
+    assert small.baselines == [f"job-{s}" for s in range(10)]
+    large = check_regression([job(100)], history(3.0), CheckConfig())
+    assert [d.job_id for d in large.dropped] == ["job-0", "job-1", "job-2", "job-3"]
+    assert "shift of data_s at job-4" in large.dropped[0].reason
+
+
 def test_alpha_is_shared_by_distinct_hypotheses_by_weighted_holm() -> None:
     result = check_regression([job(100)], baselines(), CheckConfig(alpha=0.01))
     by_metric = {v.metric: v.alpha for v in result.metrics}
