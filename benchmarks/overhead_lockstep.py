@@ -29,6 +29,11 @@ stepscope makes gloo's threads spend. These per-thread figures are taken from st
 the last, and their medians and intervals are over launches (x and y each count once), not
 over rounds.
 
+With `--instrument floor` the profiled job runs under floor_instrumentation.py instead:
+clock reads at stepscope's entry points and on every collective, one tuple each, dropped
+every step, no threads. What that adds is the floor any Python profiler of this loop pays
+here; what stepscope adds above it is its own.
+
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/overhead_lockstep.py
 """
 
@@ -55,6 +60,7 @@ import stepscope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from floor_instrumentation import FloorProfiler  # noqa: E402
 from profiler_cost import (  # noqa: E402
     GOAL_OVERHEAD_PCT,
     _Sink,
@@ -93,14 +99,15 @@ def rank_main(
     job: str,
     parallel: str,
     shape: Shape,
-    profiled: bool,
+    instrument: str | None,
     steps: int,
     port: int,
     url: str,
     turns: Any,
 ) -> None:
-    """Train `steps` steps of one job's rank, each when it has the turn; its process and
-    training-thread CPU times at every step start go on turns["out"]."""
+    """Train `steps` steps of one job's rank, each when it has the turn, under `instrument`
+    ("stepscope", "floor", or None: plain); its process and training-thread CPU times at
+    every step start go on turns["out"]."""
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})  # before gloo starts its threads
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
@@ -130,10 +137,14 @@ def rank_main(
 
     dist.barrier()
     prof = None
-    if profiled:
+    if instrument == "stepscope":
         prof = stepscope.init(job_id=f"bench-lockstep-{port}", url=url, model=model)
         assert prof.enabled
         profiled_segment(model, opt, in_turn(), prof)
+    elif instrument == "floor":
+        floor = FloorProfiler()
+        floor.install_tap()
+        profiled_segment(model, opt, in_turn(), floor)
     else:
         plain_segment(model, opt, in_turn())
     first, last = threads_at
@@ -172,7 +183,7 @@ Cycles = dict[tuple[str, int], list[float]]
 
 
 def launch(
-    parallel: str, shape: Shape, profiled_job: str | None, steps: int, url: str
+    parallel: str, shape: Shape, profiled_job: str | None, steps: int, url: str, instrument: str
 ) -> tuple[Cycles, dict[str, dict[str, float]]]:
     """Both jobs in lock-step; per job, each cycle's process and training-thread CPU, and
     its threads' CPU per step by name (the ranks' mean, seconds)."""
@@ -187,7 +198,8 @@ def launch(
     for job in JOBS:
         port = free_port()
         for rank in range(WORLD_SIZE):
-            args = (rank, job, parallel, shape, job == profiled_job, steps, port, url, turns)
+            chosen = instrument if job == profiled_job else None
+            args = (rank, job, parallel, shape, chosen, steps, port, url, turns)
             procs.append(ctx.Process(target=rank_main, args=args))
     for proc in procs:
         proc.start()
@@ -243,6 +255,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ddp-batch", type=int, default=SHAPES["ddp"][2], help="for a ~10 ms step")
     p.add_argument("--fsdp2-batch", type=int, default=SHAPES["fsdp2"][2], help="the same")
+    p.add_argument(
+        "--instrument",
+        choices=("stepscope", "floor"),
+        default="stepscope",
+        help="what the profiled job runs under; floor: floor_instrumentation.py's clock reads",
+    )
     args = p.parse_args()
     batches = {"ddp": args.ddp_batch, "fsdp2": args.fsdp2_batch}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
@@ -266,7 +284,9 @@ def main() -> None:
         for index in range(args.rounds):
             figures, thread_us = {}, {}
             for name in rng.sample(list(LAUNCHES), len(LAUNCHES)):
-                cycles, per_thread = launch(parallel, shape, LAUNCHES[name], args.steps, url)
+                cycles, per_thread = launch(
+                    parallel, shape, LAUNCHES[name], args.steps, url, args.instrument
+                )
                 figures[name], plain_ms, thread_us[name] = compare(cycles, LAUNCHES[name], warmup)
                 cycle_ms.append(plain_ms)
                 arm = by_name["a/a" if name == "a/a" else "profiled"]
