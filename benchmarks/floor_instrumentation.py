@@ -4,7 +4,8 @@
 (`wrap_dataloader`, `step()`, `section()`, `record()`), and `install_tap()` wraps the same
 ProcessGroup methods and `Work.wait` as stepscope's collective tap. Each entry point reads
 the clock where stepscope's does and keeps one tuple, and the step's tuples are dropped at
-its end: no records kept, no threads, no shipping, no checks. What stepscope adds to a step
+its end (or, with `keep_steps`, kept that many steps, as stepscope keeps its records until a
+batch is built): no threads, no shipping, no checks. What stepscope adds to a step
 beyond what this adds is its own; what this adds, any Python profiler timing these points
 pays.
 """
@@ -21,25 +22,35 @@ from stepscope.profiler.tap import PG_METHODS
 
 
 class _Span:
-    __slots__ = ("marks", "name", "start_s", "ends_step")
+    __slots__ = ("floor", "name", "start_s", "ends_step")
 
-    def __init__(self, marks: list[Any], name: str, ends_step: bool) -> None:
-        self.marks, self.name, self.ends_step = marks, name, ends_step
+    def __init__(self, floor: FloorProfiler, name: str, ends_step: bool) -> None:
+        self.floor, self.name, self.ends_step = floor, name, ends_step
 
     def __enter__(self) -> None:
         self.start_s = perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        self.marks.append((self.name, self.start_s, perf_counter()))
+        marks = self.floor.marks
+        marks.append((self.name, self.start_s, perf_counter()))
         if self.ends_step:
-            self.marks.clear()
+            self.floor.end_step()
 
 
 class FloorProfiler:
-    """Clock reads and one tuple per entry point, dropped every step."""
+    """Clock reads and one tuple per entry point, dropped every step or every `keep_steps`."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_steps: int = 0) -> None:
         self.marks: list[Any] = []
+        self.keep_steps = keep_steps
+        self.kept: list[list[Any]] = []
+
+    def end_step(self) -> None:
+        if self.keep_steps:
+            self.kept.append(self.marks.copy())
+            if len(self.kept) >= self.keep_steps:
+                self.kept.clear()
+        self.marks.clear()
 
     def wrap_dataloader(self, batches: Iterable[Any]) -> Iterator[Any]:
         marks = self.marks
@@ -54,10 +65,10 @@ class FloorProfiler:
             yield batch
 
     def step(self) -> _Span:
-        return _Span(self.marks, "step", True)
+        return _Span(self, "step", True)
 
     def section(self, name: str) -> _Span:
-        return _Span(self.marks, name, False)
+        return _Span(self, name, False)
 
     def record(self, **values: Any) -> None:
         self.marks.append(values)
@@ -72,11 +83,12 @@ class FloorProfiler:
 
     def _issued(self, original: Callable[..., Any]) -> Callable[..., Any]:
         marks = self.marks
+        name = original.__name__
 
         def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
             start_s = perf_counter()
             work = original(pg, *args, **kwargs)
-            marks.append((pg, start_s, work))
+            marks.append((name, start_s))
             return work
 
         return wrapper
@@ -89,6 +101,6 @@ class FloorProfiler:
             try:
                 return original(work, *args, **kwargs)
             finally:
-                marks.append((work, start_s, perf_counter()))
+                marks.append(("wait", start_s, perf_counter()))
 
         return wait

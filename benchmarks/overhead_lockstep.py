@@ -31,7 +31,8 @@ over rounds.
 
 With `--instrument floor` the profiled job runs under floor_instrumentation.py instead:
 clock reads at stepscope's entry points and on every collective, one tuple each, dropped
-every step, no threads. What that adds is the floor any Python profiler of this loop pays
+every step (`floor-kept`: kept 200 steps, as long as stepscope keeps its records), no
+threads. What that adds is the floor any Python profiler of this loop pays
 here; what stepscope adds above it is its own.
 
     flock /tmp/stepscope-bench.lock .venv/bin/python benchmarks/overhead_lockstep.py
@@ -141,8 +142,9 @@ def rank_main(
         prof = stepscope.init(job_id=f"bench-lockstep-{port}", url=url, model=model)
         assert prof.enabled
         profiled_segment(model, opt, in_turn(), prof)
-    elif instrument == "floor":
-        floor = FloorProfiler()
+    elif instrument in ("floor", "floor-kept"):
+        # floor-kept: the tuples of 200 steps (~2 s, stepscope's flush interval) kept
+        floor = FloorProfiler(keep_steps=200 if instrument == "floor-kept" else 0)
         floor.install_tap()
         profiled_segment(model, opt, in_turn(), floor)
     else:
@@ -257,7 +259,7 @@ def main() -> None:
     p.add_argument("--fsdp2-batch", type=int, default=SHAPES["fsdp2"][2], help="the same")
     p.add_argument(
         "--instrument",
-        choices=("stepscope", "floor"),
+        choices=("stepscope", "floor", "floor-kept"),
         default="stepscope",
         help="what the profiled job runs under; floor: floor_instrumentation.py's clock reads",
     )
