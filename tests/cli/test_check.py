@@ -425,8 +425,21 @@ def test_a_slowed_torchrun_job_fails_naming_step_s_and_the_slowed_component(
         # The baselines are named: which runs count as the key's finished history is not
         # this test's subject (a run's final status can arrive late on a busy machine).
         named = [a for job_id in job_ids[:5] for a in ("--baseline", job_id)]
+        # A floor above this shared machine's swings between runs, as docs/ci.md advises
+        # for a noisy benchmark. At the 2 % default, a -4.5 % step-time swing between two
+        # baselines (the machine's load changed) was taken for a level shift: three
+        # baselines were dropped and the two left gave an inconclusive verdict. The injected
+        # slowdown is ~+90 %.
         run = stepscope(
-            "check", "ddp-slowed", *named, "--db", server.db_url, "--json", tmp_path / "v.json"
+            "check",
+            "ddp-slowed",
+            *named,
+            "--min-effect",
+            "0.15",
+            "--db",
+            server.db_url,
+            "--json",
+            tmp_path / "v.json",
         )
     assert run.code == 1, run.out + run.err
     doc = json.loads((tmp_path / "v.json").read_text())
