@@ -107,8 +107,8 @@ def rank_main(
     turns: Any,
 ) -> None:
     """Train `steps` steps of one job's rank, each when it has the turn, under `instrument`
-    ("stepscope", "floor", or None: plain); its process and training-thread CPU times at
-    every step start go on turns["out"]."""
+    ("stepscope", "floor", "floor-kept", or None: plain); its process and training-thread CPU
+    times at every step start go on turns["out"]."""
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})  # before gloo starts its threads
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
