@@ -72,7 +72,9 @@ class _NullProfiler:
 
 def time_functions(totals: dict[str, float]) -> None:
     """Add each timed function's thread CPU to `totals` (by qualified name) from now on."""
-    from stepscope.profiler import finished, shipper, watchdog
+    from stepscope.profiler.hangs import watchdog
+    from stepscope.profiler.loop import finished
+    from stepscope.profiler.shipping import shipper
 
     targets = [
         (finished.FinishedSteps, "ship_ready"),

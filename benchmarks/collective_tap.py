@@ -1,4 +1,4 @@
-"""Cost per collective call of each layer of the collective tap (stepscope.profiler.tap).
+"""Cost per collective call of each layer of the collective tap (profiler/collectives/tap.py).
 
 One process, one rank of a 2-rank "fake" process group (its collectives complete at once in
 the calling thread: no backend thread, so the figures are steady and the tap's own time stands
@@ -61,9 +61,9 @@ import torch.multiprocessing as mp
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 import stepscope
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.groups import GroupRegistry
-from stepscope.profiler.tap import (
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.collectives.tap import (
     FUNCOL_OPS,
     PG_METHODS,
     CollectiveTap,

@@ -66,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     import stepscope
-    from stepscope.profiler.shipper import Shipper
+    from stepscope.profiler.shipping.shipper import Shipper
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

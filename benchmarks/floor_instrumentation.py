@@ -18,7 +18,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from stepscope.profiler.tap import PG_METHODS
+from stepscope.profiler.collectives.tap import PG_METHODS
 
 
 class _Span:

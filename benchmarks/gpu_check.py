@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
-from stepscope.profiler.flops import measure_flops, mfu, peak_flops_for
-from stepscope.profiler.nvml import GpuSampler
+from stepscope.profiler.telemetry.flops import measure_flops, mfu, peak_flops_for
+from stepscope.profiler.telemetry.nvml import GpuSampler
 
 
 def event_vs_sync_timing(torch: Any, dim: int, steps: int) -> None:
@@ -161,7 +161,7 @@ def ddp_step_timer(torch: Any, dim: int, steps: int) -> None:
 
     import torch.distributed as dist
 
-    from stepscope.profiler.comm import CollectiveCall, DdpStepTimer
+    from stepscope.profiler.collectives.ddp import CollectiveCall, DdpStepTimer
     from stepscope.profiler.timer import CudaClock
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -44,9 +44,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.groups import GroupRegistry
-from stepscope.profiler.tap import CollectiveTap
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.collectives.tap import CollectiveTap
 from stepscope.profiler.timer import Clock, build_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))

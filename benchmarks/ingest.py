@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stepscope.collector.validate import decode_body, parse_batch  # noqa: E402
 from stepscope.profiler.config import default_flush_interval_s  # noqa: E402
-from stepscope.profiler.node_relay import bundle_body  # noqa: E402
+from stepscope.profiler.shipping.node_relay import bundle_body  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.store.migrate import upgrade  # noqa: E402

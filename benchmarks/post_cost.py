@@ -1,6 +1,6 @@
 """The posting thread's CPU per POST: urllib's urlopen (a connection per request, what the
-shipper and the watchdog used) against `stepscope.profiler.transport.Poster` (one kept-alive
-connection), to a loopback HTTP/1.1 sink that keeps connections open as `stepscope serve`
+shipper and the watchdog used) against `stepscope.profiler.shipping.transport.Poster` (one
+kept-alive connection), to a loopback HTTP/1.1 sink that keeps connections open as `stepscope serve`
 (uvicorn) does.
 
 Rounds alternate the two in a random order, each posting `--posts` bodies of about the size
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profiler_cost import _Sink, host_speed_text  # noqa: E402
 
-from stepscope.profiler.transport import Poster  # noqa: E402
+from stepscope.profiler.shipping.transport import Poster  # noqa: E402
 
 HEADERS = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
 

@@ -51,15 +51,18 @@ from profiler_cost import _Sink, build_model, free_port, median_ci  # noqa: E402
 
 ARMS = ("a/a", "full", "no_ddp", "trivial")
 ENTRY_POINTS = {
-    "stepscope.profiler.scopes.Step": ("__enter__", "__exit__"),
-    "stepscope.profiler.scopes.Section": ("__enter__", "__exit__"),
+    "stepscope.profiler.loop.scopes.Step": ("__enter__", "__exit__"),
+    "stepscope.profiler.loop.scopes.Section": ("__enter__", "__exit__"),
     "stepscope.profiler.active.ActiveProfiler": (
         "step",
         "section",
         "record",
     ),
-    "stepscope.profiler.finished.FinishedSteps": ("_ship",),
-    "stepscope.profiler.comm.DdpStepTimer": ("_gradients_computed", "_gradients_reduced"),
+    "stepscope.profiler.loop.finished.FinishedSteps": ("_ship",),
+    "stepscope.profiler.collectives.ddp.DdpStepTimer": (
+        "_gradients_computed",
+        "_gradients_reduced",
+    ),
 }
 """The entry points timed in the breakdown (`_ship` runs on the shipper thread: the time it
 takes there, per step)."""

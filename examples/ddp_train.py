@@ -108,7 +108,7 @@ class MLP(nn.Module):
 
 def break_profiler() -> None:
     """Make an internal of the profiler raise, to show it never reaches the training loop."""
-    from stepscope.profiler import steps
+    from stepscope.profiler.loop import steps
 
     def broken(self: object, clock: object) -> object:
         raise RuntimeError("injected profiler bug")

@@ -15,7 +15,11 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from stepscope.profiler.preflight import DEFAULT_SIZES_BYTES, PreflightResult, run_preflight
+from stepscope.profiler.telemetry.preflight import (
+    DEFAULT_SIZES_BYTES,
+    PreflightResult,
+    run_preflight,
+)
 
 EXIT_SLOW_RANKS = 3
 

@@ -67,6 +67,11 @@ def _c(name: str, dtype: Dtype, unit: str = "", doc: str = "", *, required: bool
     return Column(name=name, dtype=dtype, required=required, unit=unit, doc=doc)
 
 
+StepRule = Literal["optimizer", "dataloader", "lightning", "transformers", "torchtitan"]
+STEP_RULES: tuple[StepRule, ...] = get_args(StepRule)
+"""What marks a step when the user's code does not call step(): zero-code's rules (one step per
+optimizer update; per data-loader batch in a job with no optimizer) or a framework adapter."""
+
 STEPS = Table(
     name="steps",
     key=("job_id", "rank", "step"),
@@ -89,6 +94,7 @@ STEPS = Table(
         _c("samples", "int", doc="samples processed by this rank in this step"),
         _c("flops", "float", "FLOP", "model FLOPs executed by this rank in this step"),
         _c("mem_peak_bytes", "int", "bytes", "peak device memory allocated in this step"),
+        _c("step_rule", "str", doc="what marked the step (STEP_RULES); null: the user's step()"),
         _c("node", "str", doc="host name; in files only (the store keeps it per rank)"),
     ),
 )

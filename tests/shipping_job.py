@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepscope.profiler.config import Config
-from stepscope.profiler.shipper import Shipper
+from stepscope.profiler.shipping.shipper import Shipper
 
 
 class ShippingJob:

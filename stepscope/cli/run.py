@@ -8,8 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from stepscope.profiler.hang_action import ON_HANG_ACTIONS
-from stepscope.profiler.launcher import launch
+from stepscope.profiler.hangs.action import ON_HANG_ACTIONS
+from stepscope.profiler.launch.launcher import launch
 
 HELP = "Run a training command (e.g. torchrun …) with the job's stepscope environment."
 

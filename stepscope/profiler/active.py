@@ -24,23 +24,23 @@ import torch
 import torch.distributed as dist
 
 from stepscope._version import __version__
+from stepscope.profiler import session
+from stepscope.profiler.base import NULL_CONTEXT, Profiler
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.ddp import DdpStepTimer, make_ddp_hook
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.config import Config, RunEnv, default_flush_interval_s
+from stepscope.profiler.hangs.watchdog import TrainingState, Watchdog
+from stepscope.profiler.lifecycle import detect_lifecycle
+from stepscope.profiler.loop.finished import FinishedSteps, json_safe
+from stepscope.profiler.loop.scopes import Phase, Section, Step, TimedLoader
+from stepscope.profiler.loop.steps import StepRecord
+from stepscope.profiler.shipping.otlp import build_otlp_metrics
+from stepscope.profiler.shipping.shipper import Shipper
+from stepscope.profiler.telemetry.capture import DeepCapture, build_capture
+from stepscope.profiler.telemetry.flops import measure_flops, peak_flops_for
+from stepscope.profiler.timer import Clock, build_clock
 from stepscope.schema import EVENT_KINDS, STEPS
-
-from .base import NULL_CONTEXT, Profiler
-from .calls import CollectiveCall
-from .capture import DeepCapture, build_capture
-from .comm import DdpStepTimer, make_ddp_hook
-from .config import Config, RunEnv, default_flush_interval_s
-from .finished import FinishedSteps, json_safe
-from .flops import measure_flops, peak_flops_for
-from .groups import GroupRegistry
-from .lifecycle import detect_lifecycle
-from .otlp import build_otlp_metrics
-from .scopes import Phase, Section, Step, TimedLoader
-from .shipper import Shipper
-from .steps import StepRecord
-from .timer import Clock, build_clock
-from .watchdog import TrainingState, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,11 @@ class ActiveProfiler(Profiler):
         self._watchdog: Watchdog | None = None
         self._resumed_from: int | None = None
         self._failed_step: int | None = None
+        self._open_sections: list[Section] = []
+        """Sections opened by begin_section(), innermost last."""
+        self.step_rule: str | None = None
+        """What marks this profiler's steps, stored with each step (schema.STEP_RULES); None
+        for the user's own step() blocks."""
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -165,7 +170,9 @@ class ActiveProfiler(Profiler):
         self._send_start()
         self._tap: Any = None
         if config.patch_collectives and dist.is_available():
-            from .tap import CollectiveTap  # needs torch.distributed's C++ classes
+            from stepscope.profiler.collectives.tap import (
+                CollectiveTap,  # needs torch.distributed's C++ classes
+            )
 
             self._tap = CollectiveTap(
                 clock=self._clock,
@@ -195,6 +202,39 @@ class ActiveProfiler(Profiler):
         if self._broken:
             return NULL_CONTEXT
         return Section(self, name)
+
+    @_fail_open()
+    def begin_step(self, step: int | None = None) -> None:
+        self._begin_step(step)
+
+    @_fail_open()
+    def end_step(self, *, failed: bool = False) -> None:
+        if failed and self._current is not None:
+            self._failed_step = self._current.step
+        self._end_step(failed=failed)
+
+    def begin_section(self, name: str) -> None:
+        if self._broken:
+            return
+        section = Section(self, name)
+        section.__enter__()
+        self._open_sections.append(section)
+
+    def end_section(self, name: str) -> None:
+        sections = self._open_sections
+        for i in range(len(sections) - 1, -1, -1):
+            if sections[i].name == name:
+                sections.pop(i).__exit__(None, None, None)
+                return
+
+    def record_data_wait(self, waited_s: float, *, started_at: float) -> None:
+        current = self._current
+        if current is not None:
+            current.data_s += waited_s
+        else:  # before the step: the next step's, which starts at the first wait
+            if self._pre_data_start is None:
+                self._pre_data_start = started_at
+            self._pre_data_s += waited_s
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         if self._broken:
@@ -285,6 +325,25 @@ class ActiveProfiler(Profiler):
                 values.setdefault("_custom", {})[key] = value
 
     @_fail_open()
+    def set_work_counts(
+        self,
+        *,
+        tokens_per_step: int | None = None,
+        samples_per_step: int | None = None,
+        flops_per_step: float | Literal["auto"] | None = None,
+    ) -> None:
+        """Work counts of every step from now on (None keeps what was set)."""
+        config = self.config
+        if tokens_per_step is not None:
+            config.tokens_per_step = int(tokens_per_step)
+        if samples_per_step is not None:
+            config.samples_per_step = int(samples_per_step)
+        if flops_per_step is not None:
+            config.flops_per_step = flops_per_step
+            if flops_per_step != "auto":
+                self._flops_per_step = float(flops_per_step)
+
+    @_fail_open()
     def event(self, kind: str, message: str, **attributes: Any) -> None:
         if kind not in EVENT_KINDS:
             attributes["kind"] = kind
@@ -308,6 +367,9 @@ class ActiveProfiler(Profiler):
         if self._closed:
             return
         self._closed = True
+        running = session.current()
+        if running is not None and running.profiler is self:
+            session.end()
         if self._watchdog is not None:
             self._watchdog.stop(timeout_s=1.0)
         try:
@@ -387,6 +449,8 @@ class ActiveProfiler(Profiler):
             base=self._clock.mark(),
             data_s=self._pre_data_s,
         )
+        if self.step_rule is not None:
+            record.values["step_rule"] = self.step_rule
         if self._pre_values:
             custom = self._pre_values.pop("_custom", None)
             record.values.update(self._pre_values)
@@ -516,7 +580,7 @@ class ActiveProfiler(Profiler):
             self.event("custom", message, reason="model not on the current CUDA device")
 
     def _start_flop_count(self) -> None:
-        from .flops import RankFlopCounter
+        from stepscope.profiler.telemetry.flops import RankFlopCounter
 
         self._flop_counter = RankFlopCounter()
         self._flop_counter.__enter__()
@@ -528,7 +592,7 @@ class ActiveProfiler(Profiler):
 
     def _start_gpu_sampler(self) -> Any:
         try:
-            from .nvml import GpuSampler, host_gpu
+            from stepscope.profiler.telemetry.nvml import GpuSampler, host_gpu
         except ImportError:
             return None
         try:

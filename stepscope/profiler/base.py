@@ -42,6 +42,22 @@ class Profiler:
         """Context manager timing a part of the step: forward, backward, optimizer, h2d, or any."""
         return NULL_CONTEXT
 
+    def begin_step(self, step: int | None = None) -> None:
+        """Open a step from a callback, as entering `step()` does; `end_step()` closes it."""
+
+    def end_step(self, *, failed: bool = False) -> None:
+        """Close the step that `begin_step()` opened (nothing happens when none is open)."""
+
+    def begin_section(self, name: str) -> None:
+        """Open a section of the current step from a callback, as entering `section()` does."""
+
+    def end_section(self, name: str) -> None:
+        """Close the innermost open section called `name` (nothing happens when none is)."""
+
+    def record_data_wait(self, waited_s: float, *, started_at: float) -> None:
+        """Count `waited_s` blocked on input as data_s, from a callback; `started_at` is the
+        wait's start on `time.perf_counter()` (before a step, it also starts the next step)."""
+
     def phase(self, name: str) -> AbstractContextManager[None]:
         """Context manager around a declared phase (checkpoint_save, checkpoint_load, eval,
         compile, or any name): hang detection waits much longer while it lasts."""

@@ -6,11 +6,11 @@ import dataclasses
 import json
 import os
 import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .scheduler import scheduler_view
-from .transport import is_http_url
+from stepscope.profiler.scheduler import scheduler_view
 
 ENV_PREFIX = "STEPSCOPE_"
 
@@ -287,3 +287,13 @@ def detect_env(env: dict[str, str] | None = None) -> RunEnv:
         # The physical node is `node`; the machine name the process sees is kept beside it.
         rank_attributes={**view.rank_attributes, "host.name": hostname},
     )
+
+
+def is_http_url(url: str) -> bool:
+    """An http:// or https:// URL with a host (and a numeric port, if any)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises ValueError when the port is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

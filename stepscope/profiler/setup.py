@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from .base import Profiler
-from .config import build_config, detect_env
+from stepscope.profiler import session
+from stepscope.profiler.base import Profiler
+from stepscope.profiler.config import build_config, detect_env
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,20 @@ def init(
     Every argument can also come from a STEPSCOPE_<NAME> environment variable
     (STEPSCOPE_URL, STEPSCOPE_TOKEN, STEPSCOPE_JOB_ID, STEPSCOPE_DISABLED, ...); explicit
     arguments win. `options` are further Config fields (flush_interval_s, spill_dir, ...).
+
+    Under zero-code (`stepscope run`) or an adapter that already started this process's
+    profiler, `init` returns that profiler, whose steps are now the caller's; of the
+    arguments, only the work counts and `model` apply to it.
     """
+    running = session.claim("user")
+    if running is not None:
+        return _adopt(
+            running.profiler,
+            model=model,
+            tokens_per_step=tokens_per_step,
+            samples_per_step=samples_per_step,
+            flops_per_step=flops_per_step,
+        )
     try:
         config = build_config(
             job_id=job_id,
@@ -65,9 +79,34 @@ def init(
             return Profiler()
         config.job_id = env.job_id
     try:
-        from .active import ActiveProfiler
+        from stepscope.profiler.active import ActiveProfiler
 
-        return ActiveProfiler(config=config, env=env, model=model)
+        profiler = ActiveProfiler(config=config, env=env, model=model)
     except Exception:
         log.exception("stepscope disabled: the profiler failed to start")
         return Profiler()
+    session.start(profiler, "user")
+    return profiler
+
+
+def _adopt(
+    profiler: Profiler,
+    *,
+    model: Any,
+    tokens_per_step: int | None,
+    samples_per_step: int | None,
+    flops_per_step: float | Literal["auto"] | None,
+) -> Profiler:
+    """The running profiler, with the work counts and model an `init()` call gave."""
+    from stepscope.profiler.active import ActiveProfiler  # a running profiler imported it
+
+    if isinstance(profiler, ActiveProfiler):
+        profiler.set_work_counts(
+            tokens_per_step=tokens_per_step,
+            samples_per_step=samples_per_step,
+            flops_per_step=flops_per_step,
+        )
+    if model is not None:
+        profiler.watch(model)
+    log.info("stepscope: init() takes over this process's running profiler and its steps")
+    return profiler

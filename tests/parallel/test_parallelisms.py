@@ -57,9 +57,9 @@ BATCH_SIZE = 8
 MICROBATCHES = 4
 DDP_WIDTH = 64
 STRAGGLER_KINDS = {"straggler_rank", "straggler_node", "gpu_throttling"}
-TAP_BREAK_TARGET = "stepscope.profiler.tap:CollectiveCall"
+TAP_BREAK_TARGET = "stepscope.profiler.collectives.tap:CollectiveCall"
 """What the tap calls for every collective it records; made to raise in the broken runs."""
-DDP_BREAK_TARGET = "stepscope.profiler.comm:CollectiveCall"
+DDP_BREAK_TARGET = "stepscope.profiler.collectives.ddp:CollectiveCall"
 """DDP's all-reduces bypass the tap (C++ reducer): its step timer records them with this."""
 
 

@@ -16,9 +16,9 @@ from torch import nn
 from torch._C._distributed_c10d import ProcessGroup
 
 import stepscope
-from stepscope.profiler import finished
 from stepscope.profiler.base import NULL_CONTEXT, Profiler
-from stepscope.profiler.steps import StepRecord
+from stepscope.profiler.loop import finished
+from stepscope.profiler.loop.steps import StepRecord
 from tests.live_server import RunningServer, read_rows
 
 

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import stepscope
-from stepscope.profiler.capture import Order, build_capture
 from stepscope.profiler.config import build_config
+from stepscope.profiler.telemetry.capture import Order, build_capture
 from stepscope.synthetic.generate import JobSpec, generate
 from tests.collector.test_captures import live_batches
 from tests.live_server import RunningServer, run_server
@@ -165,7 +165,7 @@ def _tiny_limit(of: Any) -> Any:
 FIRST_START = """
 import json, sys
 import torch
-from stepscope.profiler.capture import build_capture
+from stepscope.profiler.telemetry.capture import build_capture
 from stepscope.profiler.config import build_config
 capture = build_capture(build_config(url="http://127.0.0.1:9", http_timeout_s=1.0))
 before = set(sys.modules)

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.comm import DdpStepTimer, make_ddp_hook
-from stepscope.profiler.groups import GroupRegistry
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.ddp import DdpStepTimer, make_ddp_hook
+from stepscope.profiler.collectives.groups import GroupRegistry
 from stepscope.profiler.timer import CpuClock
 from tests.profiler.ranks import run_ranks
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.profiler.hangs import dump_header
-from stepscope.profiler.launcher import launch
+from stepscope.profiler.hangs.reports import dump_header
+from stepscope.profiler.launch.launcher import launch
 from tests.profiler.http_sink import http_sink
 
 TRAIN = textwrap.dedent(

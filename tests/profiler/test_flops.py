@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import stepscope
-from stepscope.profiler.flops import PEAK_BF16_FLOPS, measure_flops, mfu, peak_flops_for
+from stepscope.profiler.telemetry.flops import PEAK_BF16_FLOPS, measure_flops, mfu, peak_flops_for
 from tests.profiler.http_sink import http_sink
 from tests.profiler.ranks import run_ranks
 
@@ -119,7 +119,7 @@ def test_cpu_attention_is_counted_with_backward_twice_forward() -> None:
 def test_fused_gpu_attention_backward_is_counted_without_its_recompute() -> None:
     # No GPU here: the formula is applied to meta tensors of the kernel's argument shapes.
     # FlopCounterMode counts 5 matmuls (the kernel recomputes Q·Kᵀ); model FLOPs count 4.
-    from stepscope.profiler.flops import _model_flop_formulas
+    from stepscope.profiler.telemetry.flops import _model_flop_formulas
 
     q = torch.empty(2, 4, 8, 16, device="meta")
     formulas = _model_flop_formulas()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.profiler.launcher import launch, new_job_id
+from stepscope.profiler.launch.launcher import launch, new_job_id
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = ("STEPSCOPE_JOB_ID", "STEPSCOPE_URL", "STEPSCOPE_TOKEN", "STEPSCOPE_TEST_INHERITED")
@@ -106,7 +106,7 @@ def test_signals_to_the_launcher_reach_the_child(tmp_path: Path, signum: int) ->
         """
     )
     launcher = (
-        "import sys; from stepscope.profiler.launcher import launch; "
+        "import sys; from stepscope.profiler.launch.launcher import launch; "
         "sys.exit(launch(sys.argv[1:], job_id='sig', url=None, token=None))"
     )
     proc = subprocess.Popen(

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from stepscope.profiler.launcher import launch
-from stepscope.profiler.node_relay import NodeRelay
-from stepscope.profiler.shipper import node_slot_wait_s
-from stepscope.profiler.transport import Poster
+from stepscope.profiler.launch.launcher import launch
+from stepscope.profiler.shipping.node_relay import NodeRelay
+from stepscope.profiler.shipping.shipper import node_slot_wait_s
+from stepscope.profiler.shipping.transport import Poster
 from tests.collector.test_ingest import make_batch
 from tests.live_server import RunningServer, free_port, post_batch, read_rows, run_server
 from tests.profiler.http_sink import http_sink

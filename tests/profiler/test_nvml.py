@@ -14,13 +14,13 @@ import pytest
 
 import stepscope
 from stepscope import schema
-from stepscope.profiler.nvml import GpuSampler, host_gpu
+from stepscope.profiler.telemetry.nvml import GpuSampler, host_gpu
 from tests.live_server import RunningServer, read_rows
 from tests.support import require
 
 GIB = 1024**3
 MIB = 1024**2
-LOGGER = "stepscope.profiler.nvml"
+LOGGER = "stepscope.profiler.telemetry.nvml"
 
 
 def _real_pynvml() -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.profiler.preflight import TEST_SLOW_RANK_ENV, run_preflight
+from stepscope.profiler.telemetry.preflight import TEST_SLOW_RANK_ENV, run_preflight
 from tests.live_server import RunningServer, read_rows
 from tests.support import require_torchrun
 
@@ -91,7 +91,7 @@ def test_cli_sends_the_finding_to_the_collector(tmp_path: Path, live_server: Run
 SCRIPT = """
 import json, os, sys
 import torch.distributed as dist
-from stepscope.profiler.preflight import TEST_SLOW_RANK_ENV, run_preflight
+from stepscope.profiler.telemetry.preflight import TEST_SLOW_RANK_ENV, run_preflight
 
 MATMUL = "matmul_flops"
 

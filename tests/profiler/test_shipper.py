@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.profiler.config import Config
-from stepscope.profiler.shipper import Shipper, dumps_in_chunks, retry_after_s
+from stepscope.profiler.shipping.shipper import Shipper, dumps_in_chunks, retry_after_s
 from stepscope.schema import STEPS
 from tests.live_server import RunningServer, free_port, read_rows
 from tests.profiler.http_sink import http_sink

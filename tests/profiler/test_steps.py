@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.groups import GroupInfo
-from stepscope.profiler.steps import StepRecord
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupInfo
+from stepscope.profiler.loop.steps import StepRecord
 from stepscope.profiler.timer import CpuClock, union_s
 
 CLOCK = CpuClock()

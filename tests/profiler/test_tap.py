@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.groups import GroupRegistry
-from stepscope.profiler.tap import CollectiveTap
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.collectives.tap import CollectiveTap
 from stepscope.profiler.timer import CpuClock
 from tests.profiler.ranks import run_ranks
 

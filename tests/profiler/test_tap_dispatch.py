@@ -12,9 +12,9 @@ import torch
 import torch.distributed._functional_collectives  # noqa: F401  (the ops' Meta kernels)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from stepscope.profiler.calls import CollectiveCall
-from stepscope.profiler.groups import GroupRegistry
-from stepscope.profiler.tap import CollectiveTap, keys_below_backend_select
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.collectives.tap import CollectiveTap, keys_below_backend_select
 from stepscope.profiler.timer import CpuClock
 
 _AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)

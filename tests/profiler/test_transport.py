@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from stepscope.profiler.transport import Poster
+from stepscope.profiler.shipping.transport import Poster
 from tests.live_server import RunningServer
 
 

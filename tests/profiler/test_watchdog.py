@@ -18,11 +18,11 @@ import torch.distributed as dist
 import stepscope
 from stepscope.profiler.active import ActiveProfiler
 from stepscope.profiler.base import NULL_CONTEXT
-from stepscope.profiler.calls import CollectiveCall
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupInfo, GroupRegistry
 from stepscope.profiler.config import Config, build_config
-from stepscope.profiler.groups import GroupInfo, GroupRegistry
-from stepscope.profiler.hangs import read_dump
-from stepscope.profiler.watchdog import (
+from stepscope.profiler.hangs.reports import read_dump
+from stepscope.profiler.hangs.watchdog import (
     FLOOR_S,
     LONG_S,
     STEP_MULTIPLE,

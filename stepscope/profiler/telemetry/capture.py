@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Config
+from stepscope.profiler.config import Config
 
 log = logging.getLogger(__name__)
 

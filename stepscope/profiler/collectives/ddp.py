@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 
-from .calls import CollectiveCall, Record, tensor_bytes
-from .groups import GroupRegistry
-from .timer import Clock, Mark
+from stepscope.profiler.collectives.calls import CollectiveCall, Record, tensor_bytes
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.timer import Clock, Mark
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def make_ddp_hook(
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
     opts.asyncOp = True
     mark = clock.mark
-    from .tap import untapped
+    from stepscope.profiler.collectives.tap import untapped
 
     allreduce = untapped("allreduce")
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from .dump_watcher import DumpWatcher
-from .hang_action import ON_HANG_ACTIONS, HangAction
-from .node_relay import NodeRelay
+from stepscope.profiler.hangs.action import ON_HANG_ACTIONS, HangAction
+from stepscope.profiler.hangs.dump_watcher import DumpWatcher
+from stepscope.profiler.shipping.node_relay import NodeRelay
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -54,8 +54,9 @@ def launch(
 
     A child killed by signal N gives 128 + N, as a shell reports it. With
     `on_hang="dump-and-exit"`, a hang the server confirms ends the command after the ranks
-    dumped their flight recorders (hang_action.py); the exit code is then never 0. With
-    `node_relay`, the node's ranks send their batches through one NodeRelay (node_relay.py).
+    dumped their flight recorders (hangs/action.py); the exit code is then never 0. With
+    `node_relay`, the node's ranks send their batches through one
+    NodeRelay (shipping/node_relay.py).
     """
     if not cmd:
         raise ValueError(

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .calls import CollectiveCall
-from .groups import GroupRegistry
-from .steps import StepRecord
-from .timer import Clock
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.collectives.groups import GroupRegistry
+from stepscope.profiler.loop.steps import StepRecord
+from stepscope.profiler.timer import Clock
 
 MAX_UNRESOLVED_STEPS = 64
 """A finished step still waiting for a mark (a device event, an async collective) with this

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .hangs import (
+from stepscope.profiler.hangs.reports import (
     CLOSED_MARK,
     FLIGHT_RECORDER_REQUEST,
     HANG_SCHEMA_VERSION,
@@ -43,12 +43,12 @@ from .hangs import (
     post_report,
     write_last_report,
 )
-from .transport import Poster
+from stepscope.profiler.shipping.transport import Poster
 
 if TYPE_CHECKING:
-    from .calls import CollectiveCall
-    from .config import Config
-    from .groups import GroupRegistry
+    from stepscope.profiler.collectives.calls import CollectiveCall
+    from stepscope.profiler.collectives.groups import GroupRegistry
+    from stepscope.profiler.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class Watchdog:
     # ---- reports --------------------------------------------------------------------------
 
     def report(self, kind: ReportKind, state: TrainingState, now: float) -> dict[str, Any]:
-        """The wire report of this rank now (see hangs.py and the /v1/hangs spec)."""
+        """The wire report of this rank now (see reports.py and the /v1/hangs spec)."""
         wall_now = time.time()
         stalled_s = max(0.0, now - self._last_progress)
         call = self._blocked_call
@@ -447,7 +447,8 @@ def lowest_unfinished_seqs(
     return lowest
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""stepscope/profiler/, whose frames (the tap's, zero-code's hooks) are not the training code's."""
 
 
 def main_stack(thread_id: int, *, limit: int = _MAX_FRAMES) -> list[Frame] | None:

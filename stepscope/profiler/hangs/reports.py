@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .transport import Poster
+from stepscope.profiler.shipping.transport import Poster
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .hangs import FLIGHT_RECORDER_REQUEST
+from stepscope.profiler.hangs.reports import FLIGHT_RECORDER_REQUEST
 
 log = logging.getLogger(__name__)
 

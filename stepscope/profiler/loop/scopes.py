@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, Protocol
 
-from .steps import StepRecord
-from .timer import Clock
+from stepscope.profiler.loop.steps import StepRecord
+from stepscope.profiler.timer import Clock
 
 
 class Loop(Protocol):
@@ -40,6 +40,8 @@ class Loop(Protocol):
     def _end_step(self, *, failed: bool) -> None: ...
 
     def _fail(self, exc: BaseException) -> None: ...
+
+    def record_data_wait(self, waited_s: float, *, started_at: float) -> None: ...
 
     def _lifecycle_event(self, kind: str, ts: float, **attributes: Any) -> None: ...
 
@@ -78,11 +80,11 @@ class Step:
 class Section:
     """Context manager for one section of the current step."""
 
-    __slots__ = ("_prof", "_name", "_start", "_outer")
+    __slots__ = ("_prof", "name", "_start", "_outer")
 
     def __init__(self, prof: Loop, name: str) -> None:
         self._prof = prof
-        self._name = name
+        self.name = name
         self._start: Any = None
         self._outer: str | None = None
 
@@ -92,7 +94,7 @@ class Section:
             if prof._unobserved:  # a boundary: see Loop._unobserved
                 prof._tap.observe()
             self._start = prof._clock.mark()
-            self._outer, prof._section = prof._section, self._name  # for the watchdog
+            self._outer, prof._section = prof._section, self.name  # for the watchdog
         except Exception as exc:
             prof._fail(exc)
 
@@ -105,7 +107,7 @@ class Section:
         if current is None or self._start is None or prof._broken:
             return False
         try:
-            current.spans.append((self._name, self._start, prof._clock.mark()))
+            current.spans.append((self.name, self._start, prof._clock.mark()))
         except Exception as exc:
             prof._fail(exc)
         return False
@@ -159,14 +161,7 @@ class TimedLoader:
                 batch = next(iterator)
             except StopIteration:
                 return
-            waited_s = clock() - start
-            current = prof._current
-            if current is not None:
-                current.data_s += waited_s
-            else:  # before step(): the next step's, which starts at the first wait
-                if prof._pre_data_start is None:
-                    prof._pre_data_start = start
-                prof._pre_data_s += waited_s
+            prof.record_data_wait(clock() - start, started_at=start)
             yield batch
 
     def __len__(self) -> int:

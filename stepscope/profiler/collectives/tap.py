@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from .calls import CollectiveCall, tensors_bytes
-from .groups import GroupInfo, GroupRegistry
-from .timer import Clock, Mark
+from stepscope.profiler.collectives.calls import CollectiveCall, tensors_bytes
+from stepscope.profiler.collectives.groups import GroupInfo, GroupRegistry
+from stepscope.profiler.timer import Clock, Mark
 
 log = logging.getLogger(__name__)
 

@@ -23,18 +23,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from stepscope.profiler.config import is_http_url
+
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 """What a request on a connection the server has closed meanwhile raises."""
-
-
-def is_http_url(url: str) -> bool:
-    """An http:// or https:// URL with a host (and a numeric port, if any)."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        parts.port  # noqa: B018 (raises ValueError when the port is not a number)
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 class Poster:

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from .groups import GroupInfo
-from .timer import Mark
+from stepscope.profiler.collectives.groups import GroupInfo
+from stepscope.profiler.timer import Mark
 
 
 @dataclass(slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .calls import CollectiveCall
-from .timer import Clock, Mark, union_s
+from stepscope.profiler.collectives.calls import CollectiveCall
+from stepscope.profiler.timer import Clock, Mark, union_s
 
 SECTION_COLUMNS = {
     "forward": "forward_s",

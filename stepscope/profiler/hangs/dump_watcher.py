@@ -1,7 +1,7 @@
 """`stepscope run`'s side of hang reporting: the ranks whose watchdog cannot speak.
 
 A rank that holds the GIL cannot run its watchdog thread; faulthandler's C timer then
-writes its stacks to the rank's dump file (stepscope.profiler.watchdog). A rank that died
+writes its stacks to the rank's dump file (stepscope.profiler.hangs.watchdog). A rank that died
 (killed, crashed) leaves its dump file behind, unclosed. This thread, in the process that
 wraps a node's ranks, ships both as `hang` reports with stack_source "faulthandler", built
 on the last report the rank's watchdog sent (its step, section and frontiers). Stdlib only.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .hangs import (
+from stepscope.profiler.hangs.reports import (
     HANG_SCHEMA_VERSION,
     Dump,
     hangs_endpoint,
@@ -26,7 +26,7 @@ from .hangs import (
     read_dump,
     read_last_report,
 )
-from .transport import Poster
+from stepscope.profiler.shipping.transport import Poster
 
 log = logging.getLogger(__name__)
 

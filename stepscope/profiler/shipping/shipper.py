@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepscope.profiler.config import Config, default_flush_interval_s
+from stepscope.profiler.shipping.transport import Poster
 from stepscope.schema import COLLECTIVES, DROP_REPORT_PREFIX, GPU, STEPS, WIRE_SCHEMA_VERSION
-
-from .config import Config, default_flush_interval_s
-from .transport import Poster
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Records to the collector: the shipper thread, its HTTP transport, the node relay, OTLP."""
