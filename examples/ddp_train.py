@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, IterableDataset
 
 import stepscope
 
@@ -62,8 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class SyntheticLoader:
-    """Random regression batches; sleeps before each batch on the rank told to."""
+class SyntheticBatches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Random regression batches; sleeps before each batch on the rank told to (iterated
+    through a DataLoader, as a real job's input is)."""
 
     def __init__(self, *, steps: int, batch_size: int, width: int, delay_s: float) -> None:
         self.steps = steps
@@ -90,9 +92,12 @@ class MLP(nn.Module):
         self.first = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
         self.second = nn.Sequential(nn.ReLU(), nn.Linear(width, width), nn.ReLU())
         self.head = nn.Linear(width, 1)
+        self.forward_delay_s = 0.0
         self.backward_delay_s = backward_delay_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.forward_delay_s:
+            time.sleep(self.forward_delay_s)
         h = self.first(x)
         if self.backward_delay_s and h.requires_grad:
             delay_s = self.backward_delay_s
@@ -135,19 +140,19 @@ def train_ddp(args: argparse.Namespace, prof: stepscope.Profiler, rank: int) -> 
         sync_gradients = compiled_all_reduce(args.compile_backend)
     prof.watch(net)
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    data = SyntheticLoader(
+    batches = SyntheticBatches(
         steps=args.steps, batch_size=args.batch_size, width=args.width, delay_s=delay["data"]
     )
-    data.delay_from_step = args.delay_from_step
+    batches.delay_from_step = args.delay_from_step
+    data = DataLoader(batches, batch_size=None)
     losses: list[float] = []
     start = time.perf_counter()
     for step, (x, y) in enumerate(prof.wrap_dataloader(data)):
         active = step >= args.delay_from_step
+        model.forward_delay_s = delay["forward"] if active else 0.0
         model.backward_delay_s = delay["backward"] if active else 0.0
         with prof.step():
             with prof.section("forward"):
-                if delay["forward"] and active:
-                    time.sleep(delay["forward"])
                 loss = nn.functional.mse_loss(net(x), y)
             with prof.section("backward"):
                 loss.backward()

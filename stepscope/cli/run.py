@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from stepscope.profiler.hangs.action import ON_HANG_ACTIONS
 from stepscope.profiler.launch.launcher import launch
 
-HELP = "Run a training command (e.g. torchrun …) with the job's stepscope environment."
+HELP = (
+    "Run a training command (e.g. torchrun …) with the job's stepscope environment; "
+    "its ranks are profiled with no code change."
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stepscope run",
         usage="stepscope run [--job-id ID] [--url URL] [--token TOKEN] [--on-hang ACTION] "
-        "[--no-node-relay] -- CMD…",
+        "[--no-node-relay] [--no-auto] -- CMD…",
         description=HELP,
     )
     p.add_argument(
@@ -44,6 +47,14 @@ def parser() -> argparse.ArgumentParser:
         help="Let each rank post its batches to the collector itself (default: the node's ranks "
         "send theirs through one relay in this process, one request per node and flush)",
     )
+    p.add_argument(
+        "--no-auto",
+        dest="auto",
+        action="store_false",
+        help="Profile only what the script instruments itself (default: zero-code profiles a "
+        "script that never imports stepscope, and attaches the framework adapters; "
+        "STEPSCOPE_AUTO=0 does the same)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="The command to run, after --")
     return p
 
@@ -63,6 +74,7 @@ def main(argv: Sequence[str]) -> int:
             token=args.token,
             on_hang=args.on_hang,
             node_relay=args.node_relay,
+            auto=args.auto,
         )
     except OSError as exc:
         sys.stderr.write(f"error: cannot run {command[0]!r}: {exc.strerror or exc}\n")

@@ -24,7 +24,6 @@ def claim_profiler(owner: StepRule, **init_options: Any) -> Profiler:
         if running is None:  # profiling is off
             return Profiler()
     profiler = running.profiler
-    if hasattr(profiler, "step_rule"):
-        profiler.step_rule = owner
+    profiler.step_rule = owner
     passive.install()
     return profiler

@@ -110,9 +110,6 @@ class ActiveProfiler(Profiler):
         self._failed_step: int | None = None
         self._open_sections: list[Section] = []
         """Sections opened by begin_section(), innermost last."""
-        self.step_rule: str | None = None
-        """What marks this profiler's steps, stored with each step (schema.STEP_RULES); None
-        for the user's own step() blocks."""
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex

@@ -33,6 +33,9 @@ class Profiler:
     """Profiles one training rank. This base class is the no-op used when disabled."""
 
     enabled = False
+    step_rule: str | None = None
+    """What marks this profiler's steps, stored with each (schema.STEP_RULES); None for the
+    user's own step() blocks."""
 
     def step(self, step: int | None = None) -> AbstractContextManager[None]:
         """Context manager around one training step (step_s; steps count from 0 unless given)."""

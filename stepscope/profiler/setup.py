@@ -49,6 +49,40 @@ def init(
             samples_per_step=samples_per_step,
             flops_per_step=flops_per_step,
         )
+    profiler = build_profiler(
+        job_id=job_id,
+        url=url,
+        token=token,
+        model=model,
+        tokens_per_step=tokens_per_step,
+        samples_per_step=samples_per_step,
+        flops_per_step=flops_per_step,
+        peak_flops=peak_flops,
+        benchmark_key=benchmark_key,
+        attributes=attributes,
+        **options,
+    )
+    if profiler.enabled:
+        session.start(profiler, "user")
+    return profiler
+
+
+def build_profiler(
+    *,
+    job_id: str | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    model: Any = None,
+    tokens_per_step: int | None = None,
+    samples_per_step: int | None = None,
+    flops_per_step: float | Literal["auto"] | None = None,
+    peak_flops: float | None = None,
+    benchmark_key: str | None = None,
+    attributes: dict[str, Any] | None = None,
+    **options: Any,
+) -> Profiler:
+    """A new profiler for this rank (init()'s, without the session): the no-op one when
+    profiling is off or fails to start."""
     try:
         config = build_config(
             job_id=job_id,
@@ -81,12 +115,10 @@ def init(
     try:
         from stepscope.profiler.active import ActiveProfiler
 
-        profiler = ActiveProfiler(config=config, env=env, model=model)
+        return ActiveProfiler(config=config, env=env, model=model)
     except Exception:
         log.exception("stepscope disabled: the profiler failed to start")
         return Profiler()
-    session.start(profiler, "user")
-    return profiler
 
 
 def _adopt(

@@ -28,16 +28,32 @@ def new_job_id(cmd: Sequence[str] = ()) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parents[1] / "auto" / "bootstrap")
+"""The folder of zero-code's sitecustomize.py, first on the command's PYTHONPATH."""
+
+
 def child_env(
-    cmd: Sequence[str], *, job_id: str | None, url: str | None, token: str | None
+    cmd: Sequence[str],
+    *,
+    job_id: str | None,
+    url: str | None,
+    token: str | None,
+    auto: bool = True,
 ) -> dict[str, str]:
-    """This process's environment plus STEPSCOPE_JOB_ID/URL/TOKEN (None keeps what is inherited)."""
+    """This process's environment plus STEPSCOPE_JOB_ID/URL/TOKEN (None keeps what is inherited)
+    and, with `auto` (unless STEPSCOPE_AUTO=0 is inherited), zero-code's bootstrap."""
     env = dict(os.environ)
     env["STEPSCOPE_JOB_ID"] = job_id or new_job_id(cmd)
     if url is not None:
         env["STEPSCOPE_URL"] = url
     if token is not None:
         env["STEPSCOPE_TOKEN"] = token
+    if env.get("STEPSCOPE_AUTO", "").strip().lower() in ("0", "false", "no", "off"):
+        auto = False
+    env["STEPSCOPE_AUTO"] = "1" if auto else "0"
+    if auto:
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
     return env
 
 
@@ -49,13 +65,15 @@ def launch(
     token: str | None,
     on_hang: str | None = None,
     node_relay: bool = True,
+    auto: bool = True,
 ) -> int:
     """Run `cmd` with the profiler's settings, forwarding SIGINT/SIGTERM; return its exit code.
 
     A child killed by signal N gives 128 + N, as a shell reports it. With
     `on_hang="dump-and-exit"`, a hang the server confirms ends the command after the ranks
     dumped their flight recorders (hangs/action.py); the exit code is then never 0. With
-    `node_relay`, the node's ranks send their batches through one
+    `auto`, a script that never calls stepscope is profiled all the same (profiler/auto).
+    With `node_relay`, the node's ranks send their batches through one
     NodeRelay (shipping/node_relay.py).
     """
     if not cmd:
@@ -64,7 +82,7 @@ def launch(
         )
     if on_hang is not None and on_hang not in ON_HANG_ACTIONS:
         raise ValueError(f"on_hang must be one of {', '.join(ON_HANG_ACTIONS)}, got {on_hang!r}")
-    env = child_env(cmd, job_id=job_id, url=url, token=token)
+    env = child_env(cmd, job_id=job_id, url=url, token=token, auto=auto)
     watcher = _start_dump_watcher(env)
     relay = _start_node_relay(env) if node_relay else None
     child = subprocess.Popen(list(cmd), env=env)

@@ -1,0 +1,320 @@
+"""Zero-code's hooks on torch: what they observe, and when zero-code's profiler starts.
+
+Per process: `install()` waits for torch's import; from then on, building an optimizer,
+wrapping a model in DDP, the first data-loader batch or the first backward starts the
+profiler (`activate()`), except in the torchrun agent, in DataLoader workers and where the
+script started profiling itself. While zero-code owns the steps, the loop's signals go to
+`StepInference`:
+- data waits: `_BaseDataLoaderIter.__next__` (torch's iterators and torchdata's
+  StatefulDataLoader, which calls it);
+- forwards of root modules (found with global module hooks during the first steps, then
+  per-module hooks on the roots alone, so the other modules keep nn.Module's fast path);
+- backward: torch.autograd's `_engine_run_backward`;
+- optimizer updates: the global optimizer step hooks and `GradScaler.step`.
+No hook acts inside a compiled region or during CUDA graph capture, or off the training thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from stepscope.profiler import session
+from stepscope.profiler.auto import passive
+from stepscope.profiler.auto.imports import when_imported
+from stepscope.profiler.auto.patches import Patches
+from stepscope.profiler.auto.steps import StepInference
+from stepscope.profiler.base import Profiler
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_STEPS = 2
+"""Steps during which global module hooks look for the root modules (those called at depth 0)."""
+
+
+class ZeroCode:
+    """This process's zero-code state: waiting, active (owns the steps), passive or off."""
+
+    def __init__(self) -> None:
+        self.state = "waiting"
+        self.inference: StepInference | None = None
+        """Set while zero-code owns the steps: the hooks' one check."""
+        self.has_optimizer = False
+        self.profiler: Profiler | None = None
+        self.patches = Patches()
+        self._module_hooks = Patches()
+        self._roots: dict[int, Any] = {}
+        self._roots_hooked = False
+        """The roots carry hooks of their own; the global ones are gone."""
+        self._depth = 0
+        self._timed: list[bool] = []
+        """Per root forward in progress: whether it is timed as a section."""
+        self._grad_enabled: Callable[[], bool] = _never
+        self._thread_id = threading.get_ident()
+        self._pid = os.getpid()
+        self._capturing: Callable[[], bool] = _never
+        self._is_compiling: Callable[[], bool] = _never
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def activate(self) -> None:
+        """Start profiling this process, unless it must stay unprofiled."""
+        if self.state != "waiting":
+            return
+        self.state = "off"
+        if os.getpid() != self._pid or _in_worker_or_agent():
+            return
+        running = session.current()
+        if running is not None:  # the script (or an adapter) profiles itself: step aside
+            self.state = "passive"
+            return
+        from stepscope.profiler.setup import build_profiler
+
+        profiler = build_profiler()
+        if not profiler.enabled:
+            return
+        self.profiler = profiler
+        self._thread_id = threading.get_ident()
+        session.start(profiler, "auto", release=self.release)
+        self.inference = StepInference(profiler, has_optimizer=self.has_optimizer)
+        self.state = "active"
+        self._watch_roots_globally()
+        atexit.register(self.shutdown)
+        log.info("stepscope: zero-code profiling of this process started")
+
+    def release(self) -> None:
+        """Another owner took the steps: close zero-code's, and stop observing the loop."""
+        inference, self.inference = self.inference, None
+        self._module_hooks.undo()
+        self.state = "passive"
+        if inference is not None:
+            inference.finish()
+
+    def shutdown(self) -> None:
+        """The process ends: close the open step and the profiler zero-code started."""
+        inference, self.inference = self.inference, None
+        self._module_hooks.undo()
+        if inference is not None:
+            inference.finish()
+        running = session.current()
+        if self.profiler is not None and running is not None and running.owner == "auto":
+            self.profiler.close()
+        self.state = "off"
+
+    # ---- patches ---------------------------------------------------------------------------
+
+    def patch_torch(self, torch: ModuleType) -> None:
+        """Everything zero-code observes, patched once torch is imported."""
+        from torch.optim import optimizer
+        from torch.utils.data import dataloader
+
+        self._is_compiling = torch.compiler.is_compiling
+        self._grad_enabled = torch.is_grad_enabled
+        if torch.cuda.is_available():
+            self._capturing = torch.cuda.is_current_stream_capturing
+        patches = self.patches
+        patches.wrap(optimizer.Optimizer, "__init__", self._optimizer_init)
+        patches.handle(optimizer.register_optimizer_step_pre_hook(self._optimizer_pre))
+        patches.handle(optimizer.register_optimizer_step_post_hook(self._optimizer_post))
+        patches.wrap(dataloader._BaseDataLoaderIter, "__next__", self._next_batch)
+        patches.wrap(torch.autograd, "_engine_run_backward", self._backward)
+        patches.wrap(torch.amp.grad_scaler.GradScaler, "step", self._scaler_step)
+        patches.wrap(os, "_exit", self._exit)
+
+    def _optimizer_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        zero_code = self
+
+        @functools.wraps(original)
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            zero_code.has_optimizer = True
+            if zero_code.inference is not None:
+                zero_code.inference.has_optimizer = True
+            elif zero_code.state == "waiting":
+                zero_code.activate()
+
+        return __init__
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        inference = self.inference
+        if inference is not None and self._observed():
+            inference.optimizer_begins()
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        inference = self.inference
+        if inference is not None and self._observed():
+            inference.optimizer_ends()
+            if inference.num_steps > DISCOVERY_STEPS and not self._roots_hooked:
+                self._watch_roots_only()
+
+    def _scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        zero_code = self
+
+        @functools.wraps(original)
+        def step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+            inference = zero_code.inference
+            if inference is None or not zero_code._observed():
+                return original(scaler, *args, **kwargs)
+            inference.optimizer_begins()  # a step the scaler skips is still an update's step
+            try:
+                return original(scaler, *args, **kwargs)
+            finally:
+                inference.optimizer_ends()
+
+        return step
+
+    def _next_batch(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        zero_code = self
+        clock = time.perf_counter
+
+        @functools.wraps(original)
+        def __next__(iterator: Any) -> Any:
+            if zero_code.state == "waiting":
+                zero_code.activate()
+            inference = zero_code.inference
+            if inference is None or threading.get_ident() != zero_code._thread_id:
+                return original(iterator)
+            inference.data_wait_begins()
+            start = clock()
+            batch = original(iterator)
+            inference.data_waited(start, clock() - start, batch)
+            return batch
+
+        return __next__
+
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        zero_code = self
+
+        @functools.wraps(original)
+        def run_backward(*args: Any, **kwargs: Any) -> Any:
+            if zero_code.state == "waiting":
+                zero_code.activate()
+            inference = zero_code.inference
+            if inference is None or not zero_code._observed():
+                return original(*args, **kwargs)
+            inference.backward_begins()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inference.backward_ends()
+
+        return run_backward
+
+    def _exit(self, original: Callable[[int], Any]) -> Callable[[int], Any]:
+        """os._exit skips atexit: close the profiler first (scripts under torchrun use it)."""
+        zero_code = self
+
+        @functools.wraps(original)
+        def _exit(status: int) -> Any:
+            try:
+                zero_code.shutdown()
+            except Exception:
+                log.debug("stepscope: zero-code did not close cleanly", exc_info=True)
+            return original(status)
+
+        return _exit
+
+    def _observed(self) -> bool:
+        """On the training thread, outside compiled regions and CUDA graph capture."""
+        return (
+            threading.get_ident() == self._thread_id
+            and not self._is_compiling()
+            and not self._capturing()
+        )
+
+    # ---- root modules ----------------------------------------------------------------------
+
+    def _watch_roots_globally(self) -> None:
+        """Global module hooks until the roots are known (they cost every module its fast path)."""
+        from torch.nn.modules import module
+
+        self._module_hooks.handle(module.register_module_forward_pre_hook(self._global_pre))
+        self._module_hooks.handle(
+            module.register_module_forward_hook(self._global_post, always_call=True)
+        )
+
+    def _watch_roots_only(self) -> None:
+        """Per-module hooks on the roots; the global ones go."""
+        self._module_hooks.undo()
+        self._roots_hooked = True
+        for root in self._roots.values():
+            self._module_hooks.handle(root.register_forward_pre_hook(self._root_pre))
+            self._module_hooks.handle(root.register_forward_hook(self._root_post, always_call=True))
+
+    def _global_pre(self, module: Any, args: Any) -> None:
+        if self._is_compiling():
+            return
+        if threading.get_ident() != self._thread_id:
+            return
+        self._depth += 1
+        if self._depth == 1:
+            if id(module) not in self._roots:
+                self._roots[id(module)] = module
+                if self.profiler is not None:
+                    self.profiler.watch(module)  # an FSDP2 or TP model's mesh
+            self._root_pre(module, args)
+
+    def _global_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._is_compiling():
+            return
+        if threading.get_ident() != self._thread_id:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._root_post(module, args, output)
+
+    def _root_pre(self, module: Any, args: Any) -> None:
+        inference = self.inference
+        if inference is None or not self._observed():
+            self._timed.append(False)
+            return
+        self._timed.append(inference.forward_begins(module.training and self._grad_enabled()))
+
+    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+        timed = self._timed.pop() if self._timed else False
+        inference = self.inference
+        if timed and inference is not None:
+            inference.forward_ends()
+
+
+def _never() -> bool:
+    return False
+
+
+def _in_worker_or_agent() -> bool:
+    """A DataLoader worker, or torchrun's agent (it imports torch but trains nothing)."""
+    worker_info = sys.modules.get("torch.utils.data")
+    if worker_info is not None and worker_info.get_worker_info() is not None:
+        return True
+    return "RANK" not in os.environ and "torch.distributed.elastic.agent.server.api" in sys.modules
+
+
+_zero_code: ZeroCode | None = None
+
+
+def install() -> None:
+    """Zero-code for this process: wait for torch, then observe (once a process)."""
+    global _zero_code
+    if _zero_code is not None:
+        return
+    zero_code = _zero_code = ZeroCode()
+    passive.install(activate=zero_code.activate)
+    when_imported("torch", zero_code.patch_torch)
+
+
+def uninstall() -> None:
+    """Close zero-code's profiler and undo every patch (tests)."""
+    global _zero_code
+    zero_code, _zero_code = _zero_code, None
+    if zero_code is not None:
+        zero_code.shutdown()
+        zero_code.patches.undo()
+    passive.uninstall()
