@@ -3,6 +3,6 @@
 from stepscope._version import __version__
 from stepscope.profiler.base import Profiler
 from stepscope.profiler.config import Config
-from stepscope.profiler.setup import init
+from stepscope.profiler.setup import current, init
 
-__all__ = ["Config", "Profiler", "__version__", "init"]
+__all__ = ["Config", "Profiler", "__version__", "current", "init"]

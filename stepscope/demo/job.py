@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,10 +59,10 @@ class TrainPlan:
             f"job from the checkpoint of step {self.resume_step}",
         ]
 
-    def train_args(self, *, url: str, job_id: str, ckpt_dir: Path) -> list[str]:
+    def train_args(self, *, ckpt_dir: Path) -> list[str]:
         first, last = self.data_steps
         return [
-            *("--url", url, "--job-id", job_id, "--ckpt-dir", str(ckpt_dir)),
+            *("--ckpt-dir", str(ckpt_dir)),
             *("--steps", str(self.num_steps), "--step-s", str(self.step_s)),
             *("--ckpt-every", str(self.ckpt_every)),
             *("--data-rank", str(self.data_rank), "--data-steps", f"{first}-{last}"),
@@ -74,8 +75,10 @@ class TrainPlan:
 
 
 def torchrun_command(plan: TrainPlan, *, url: str, job_id: str, ckpt_dir: Path) -> list[str]:
-    """torchrun (this interpreter's torch), one restart allowed, the packaged training module."""
+    """`stepscope run` (zero-code) around torchrun (this interpreter's torch), one restart
+    allowed, the packaged training module."""
     return [
+        *(sys.executable, "-m", "stepscope.cli", "run", "--url", url, "--job-id", job_id, "--"),
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -83,7 +86,7 @@ def torchrun_command(plan: TrainPlan, *, url: str, job_id: str, ckpt_dir: Path) 
         f"--nproc_per_node={plan.num_ranks}",
         *("--max-restarts", "1", "--monitor-interval", "0.5"),
         *("-m", "stepscope.demo.train"),
-        *plan.train_args(url=url, job_id=job_id, ckpt_dir=ckpt_dir),
+        *plan.train_args(ckpt_dir=ckpt_dir),
     ]
 
 
@@ -126,6 +129,9 @@ def run_training(
     """Run the job, its output to `log_path`, telling `on_progress` as it goes; its exit code."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "TORCHELASTIC"))}
     env["OMP_NUM_THREADS"] = "1"  # 4 ranks share a few cores
+    env["STEPSCOPE_FLUSH_INTERVAL_S"] = "0.5"
+    env["STEPSCOPE_CLOSE_TIMEOUT_S"] = "20"
+    env["STEPSCOPE_ATTRIBUTES"] = json.dumps({"example": "stepscope demo", "parallelism": "fsdp2"})
     env["PYTHONUNBUFFERED"] = "1"
     with (
         log_path.open("w", encoding="utf-8") as log,

@@ -1,8 +1,14 @@
-"""The demo's training job: a small transformer sharded with FSDP2 over gloo (CPU), profiled
-by stepscope, with trouble injected on purpose. Run by `stepscope demo` as
+"""The demo's training job: a small transformer sharded with FSDP2 over gloo (CPU), with
+trouble injected on purpose. Run by `stepscope demo` as a platform runs every job, profiled
+with no code change (zero-code):
 
-    python -m torch.distributed.run --standalone --nproc_per_node=4 --max-restarts 1 \\
-        -m stepscope.demo.train --url http://127.0.0.1:8000 --job-id demo --ckpt-dir DIR
+    stepscope run --url http://127.0.0.1:8000 --job-id demo -- \\
+        python -m torch.distributed.run --standalone --nproc_per_node=4 --max-restarts 1 \\
+        -m stepscope.demo.train --ckpt-dir DIR
+
+Its loop calls no stepscope code: steps, sections, data wait and FSDP2's collectives are
+inferred. It declares only what zero-code cannot know, through `stepscope.current()`: the
+step it resumed from, that its `torch.save` calls are checkpoints, and tokens per step.
 
 The trouble (the defaults of the flags): rank 1's data loader is slow in steps 20-59, rank 2
 is slow in backward from step 60, a checkpoint is saved every 40 steps, rank 3 raises in
@@ -24,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
 
 import stepscope
 from stepscope.demo import PROGRESS_PREFIX
@@ -31,8 +38,6 @@ from stepscope.demo import PROGRESS_PREFIX
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", required=True, help="collector URL")
-    p.add_argument("--job-id", required=True)
     p.add_argument("--ckpt-dir", required=True, help="where the checkpoint is written")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--step-s", type=float, default=0.05, help="extra compute per step, seconds")
@@ -78,16 +83,22 @@ class DemoModel(nn.Module):
         return out
 
 
-def batches(
-    args: argparse.Namespace, rank: int, first_step: int, vocab_size: int
-) -> Iterator[tuple[int, torch.Tensor]]:
+class DemoBatches(IterableDataset[tuple[int, torch.Tensor]]):
     """(step, tokens) from `first_step` on; the data rank's loader stalls in its slow steps."""
-    first, last = (int(s) for s in args.data_steps.split("-"))
-    gen = torch.Generator().manual_seed(rank)
-    for step in range(first_step, args.steps):
-        if rank == args.data_rank and first <= step <= last:
-            time.sleep(args.data_s)
-        yield step, torch.randint(vocab_size, (8, 33), generator=gen)
+
+    def __init__(
+        self, args: argparse.Namespace, rank: int, first_step: int, vocab_size: int
+    ) -> None:
+        self.args, self.rank, self.first_step, self.vocab_size = args, rank, first_step, vocab_size
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        args = self.args
+        first, last = (int(s) for s in args.data_steps.split("-"))
+        gen = torch.Generator().manual_seed(self.rank)
+        for step in range(self.first_step, args.steps):
+            if self.rank == args.data_rank and first <= step <= last:
+                time.sleep(args.data_s)
+            yield step, torch.randint(self.vocab_size, (8, 33), generator=gen)
 
 
 def init_process_group() -> tuple[int, int]:
@@ -107,7 +118,7 @@ def say(rank: int, message: str) -> None:
         print(f"{PROGRESS_PREFIX} {message}", flush=True)  # noqa: T201  (read by the CLI)
 
 
-def train(args: argparse.Namespace, rank: int, restart: int, prof: stepscope.Profiler) -> None:
+def train(args: argparse.Namespace, rank: int, restart: int) -> None:
     """Train from the last checkpoint, with the injected trouble."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -119,8 +130,8 @@ def train(args: argparse.Namespace, rank: int, restart: int, prof: stepscope.Pro
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    prof.watch(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    prof = stepscope.current()  # zero-code's (started by the optimizer), or a no-op
     ckpt = Path(args.ckpt_dir) / f"rank{rank}.pt"
     first_step = 0
     if ckpt.exists():
@@ -131,7 +142,7 @@ def train(args: argparse.Namespace, rank: int, restart: int, prof: stepscope.Pro
             first_step = int(state["step"])
         prof.resumed_from(first_step)
         say(rank, f"restart {restart}: resumed from the checkpoint of step {first_step}")
-    loader = prof.wrap_dataloader(batches(args, rank, first_step, vocab_size))
+    loader = DataLoader(DemoBatches(args, rank, first_step, vocab_size), batch_size=None)
     for step, tokens in loader:
         if step % args.ckpt_every == 0 and step != first_step:
             with prof.phase("checkpoint_save"):
@@ -145,34 +156,26 @@ def train(args: argparse.Namespace, rank: int, restart: int, prof: stepscope.Pro
             if rank == args.backward_rank and step >= args.backward_from_step
             else 0.0
         )
-        with prof.step(step):
-            logits = model(tokens[:, :-1])
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, vocab_size), tokens[:, 1:].reshape(-1)
-            )
-            if restart == 0 and rank == args.crash_rank and step == args.crash_step:
-                raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-            loss.backward()
-            time.sleep(args.step_s)  # the compute a real model would do on a GPU
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            prof.record(samples=tokens.shape[0], tokens=tokens[:, :-1].numel())
+        logits = model(tokens[:, :-1])
+        prof.record(tokens=tokens[:, :-1].numel())
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, vocab_size), tokens[:, 1:].reshape(-1)
+        )
+        if restart == 0 and rank == args.crash_rank and step == args.crash_step:
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        loss.backward()
+        time.sleep(args.step_s)  # the compute a real model would do on a GPU
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         say(rank, f"step {step}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, restart = init_process_group()
-    # The profiler's context sends the exception (the crash) and closes: flushing what is
-    # buffered and, on rank 0, the job's final status, before the process exits.
-    with stepscope.init(
-        job_id=args.job_id,
-        url=args.url,
-        flush_interval_s=0.5,
-        close_timeout_s=20.0,
-        attributes={"example": "stepscope demo", "parallelism": "fsdp2"},
-    ) as prof:
-        train(args, rank, restart, prof)
+    # An exception (the crash) is reported by zero-code, which closes the profiler as the
+    # process ends (os._exit included): what is buffered and, on rank 0, the final status.
+    train(args, rank, restart)
     say(rank, "done")
     dist.barrier()
     dist.destroy_process_group()

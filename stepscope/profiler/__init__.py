@@ -2,6 +2,6 @@
 
 from stepscope.profiler.base import Profiler
 from stepscope.profiler.config import Config, RunEnv, build_config, detect_env
-from stepscope.profiler.setup import init
+from stepscope.profiler.setup import current, init
 
-__all__ = ["Config", "Profiler", "RunEnv", "build_config", "detect_env", "init"]
+__all__ = ["Config", "Profiler", "RunEnv", "build_config", "detect_env", "current", "init"]

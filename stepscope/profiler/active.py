@@ -241,7 +241,9 @@ class ActiveProfiler(Profiler):
     @_fail_open()
     def resumed_from(self, step: int) -> None:
         self._resumed_from = int(step)
-        if self._first_step is not None:  # declared after the first step: say it now
+        if self._first_step is None:  # steps numbered by the profiler go on from there
+            self._next_index = self._resumed_from
+        else:  # declared after the first step: say it now
             self._lifecycle_event(
                 "resume", time.time(), step=self._first_step, resumed_from=self._resumed_from
             )

@@ -68,7 +68,8 @@ class Profiler:
 
     def resumed_from(self, step: int) -> None:
         """Declare the step this run resumes at (the first step it executes after loading a
-        checkpoint): steps from it on that an earlier incarnation ran count as lost progress."""
+        checkpoint): steps from it on that an earlier incarnation ran count as lost progress.
+        Declared before the first step, the profiler's own step numbers start there."""
 
     def wrap_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         """The loader, iterating as before, with the time blocked in next() counted as data_s."""

@@ -26,11 +26,26 @@ class Session:
 
 
 _session: Session | None = None
+_starters: list[Callable[[], None]] = []
+"""What may start a profiler on demand (zero-code's activation, when it is installed)."""
 
 
 def current() -> Session | None:
     """This process's session; None before anything started profiling."""
     return _session
+
+
+def running_profiler() -> Profiler | None:
+    """This process's profiler, started on demand (by zero-code) if none runs yet."""
+    if _session is None:
+        for start_one in _starters:
+            start_one()
+    return _session.profiler if _session is not None else None
+
+
+def start_on_demand(starter: Callable[[], None]) -> None:
+    """Let `running_profiler()` call `starter` when nothing profiles this process yet."""
+    _starters.append(starter)
 
 
 def start(profiler: Profiler, owner: str, release: Callable[[], None] | None = None) -> Session:
@@ -56,3 +71,8 @@ def end() -> None:
     """Forget this process's profiler (it was closed)."""
     global _session
     _session = None
+
+
+def forget_starters() -> None:
+    """No profiler starts on demand any more (zero-code uninstalled)."""
+    _starters.clear()

@@ -67,6 +67,14 @@ def init(
     return profiler
 
 
+def current() -> Profiler:
+    """This process's running profiler (zero-code's, an adapter's or init()'s) without taking
+    its steps: to declare what zero-code cannot know (`resumed_from`, `record(tokens=)`,
+    a `phase`); the no-op profiler when nothing profiles this process."""
+    running = session.running_profiler()
+    return running if running is not None else Profiler()
+
+
 def build_profiler(
     *,
     job_id: str | None = None,

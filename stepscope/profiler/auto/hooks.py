@@ -98,16 +98,21 @@ class ZeroCode:
         if inference is not None:
             inference.finish()
 
-    def shutdown(self) -> None:
-        """The process ends: close the open step and the profiler zero-code started."""
+    def shutdown(self, failure: BaseException | None = None) -> None:
+        """The process ends (with `failure` uncaught): close the open step, and the profiler
+        zero-code started, whoever took its steps since."""
         inference, self.inference = self.inference, None
         self._module_hooks.undo()
-        if inference is not None:
-            inference.finish()
-        running = session.current()
-        if self.profiler is not None and running is not None and running.owner == "auto":
-            self.profiler.close()
         self.state = "off"
+        if inference is not None:
+            inference.finish(failed=failure is not None)
+        running = session.current()
+        if self.profiler is None or running is None or running.profiler is not self.profiler:
+            return
+        if failure is None:
+            self.profiler.close()
+        else:  # the exception event (with its step), then close as failed
+            self.profiler.__exit__(type(failure), failure, failure.__traceback__)
 
     # ---- patches ---------------------------------------------------------------------------
 
@@ -128,6 +133,7 @@ class ZeroCode:
         patches.wrap(torch.autograd, "_engine_run_backward", self._backward)
         patches.wrap(torch.amp.grad_scaler.GradScaler, "step", self._scaler_step)
         patches.wrap(os, "_exit", self._exit)
+        patches.wrap(sys, "excepthook", self._excepthook)
 
     def _optimizer_init(self, original: Callable[..., None]) -> Callable[..., None]:
         zero_code = self
@@ -221,6 +227,19 @@ class ZeroCode:
             return original(status)
 
         return _exit
+
+    def _excepthook(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """An uncaught exception ends the process: say so (its step failed), then close."""
+        zero_code = self
+
+        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> Any:
+            try:
+                zero_code.shutdown(failure=exc)
+            except Exception:
+                log.debug("stepscope: zero-code did not close cleanly", exc_info=True)
+            return original(exc_type, exc, tb)
+
+        return excepthook
 
     def _observed(self) -> bool:
         """On the training thread, outside compiled regions and CUDA graph capture."""

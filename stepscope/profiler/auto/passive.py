@@ -20,18 +20,18 @@ ProfilerNow = Callable[[], Profiler | None]
 _CHECKPOINT_PHASES = {"save": "checkpoint_save", "async_save": "checkpoint_save"}
 _LOAD_PHASES = {"load": "checkpoint_load"}
 _installed: list[Patches] = []
-_activators: list[Callable[[], None]] = []
 
 
 def install(activate: Callable[[], None] | None = None) -> None:
     """Patch DDP, pipeline stages and torch.distributed.checkpoint once each is imported (once
     a process); `activate` starts zero-code's profiler when one of them needs a profiler."""
     if activate is not None:
-        _activators.append(activate)
+        session.start_on_demand(activate)
     if _installed:
         return
     patches = Patches()
     _installed.append(patches)
+    profiler_now = session.running_profiler
     when_imported(
         "torch.nn.parallel.distributed", lambda m: _watch_on_init(patches, m, profiler_now)
     )
@@ -47,17 +47,7 @@ def uninstall() -> None:
     """Undo what install() patched (tests; a process that stops profiling)."""
     while _installed:
         _installed.pop().undo()
-    _activators.clear()
-
-
-def profiler_now() -> Profiler | None:
-    """The process's profiler, started by zero-code if it is installed and none runs."""
-    running = session.current()
-    if running is None:
-        for activate in _activators:
-            activate()
-        running = session.current()
-    return running.profiler if running is not None else None
+    session.forget_starters()
 
 
 def _watch_on_init(patches: Patches, module: ModuleType, profiler_now: ProfilerNow) -> None:

@@ -134,13 +134,14 @@ class StepInference:
         self.profiler.end_section("optimizer")
         self._updated = self._ever_updated = True
 
-    def finish(self) -> None:
-        """Close what is open (the process ends, or another owner takes the steps)."""
+    def finish(self, *, failed: bool = False) -> None:
+        """Close what is open (the process ends, or another owner takes the steps); `failed`:
+        the open step raised."""
         while self._forward_open > 0:
             self.forward_ends()
         self._end_eval()
         if self._in_step:
-            self._close_step()
+            self._close_step(failed=failed)
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -155,11 +156,11 @@ class StepInference:
         self._in_step = True
         self.num_steps += 1
 
-    def _close_step(self) -> None:
+    def _close_step(self, *, failed: bool = False) -> None:
         if self._samples:
             self.profiler.record(samples=self._samples)
             self._samples = 0
-        self.profiler.end_step()
+        self.profiler.end_step(failed=failed)
         self._in_step = self._updated = False
         self._backwards = 0
 
