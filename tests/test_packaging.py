@@ -60,10 +60,14 @@ def test_the_base_install_runs_a_training_command_and_asks_for_the_extra_otherwi
          cwd=tmp_path)  # fmt: skip
 
     assert "usage: stepscope run [--job-id ID]" in _run(stepscope, "run", "--help", cwd=tmp_path)
-    child = "import os; print(os.environ['STEPSCOPE_JOB_ID'], os.environ['STEPSCOPE_URL'])"
+    # Zero-code's bootstrap ships in the wheel and imports nothing heavy (no torch here).
+    child = (
+        "import os, sys; print(os.environ['STEPSCOPE_JOB_ID'], os.environ['STEPSCOPE_URL'], "
+        "'stepscope.profiler.auto.hooks' in sys.modules, 'torch' in sys.modules)"
+    )
     launched = _run(stepscope, "run", "--job-id", "llm-7", "--url", "http://collector:8000",
                     "--", python, "-c", child, cwd=tmp_path)  # fmt: skip
-    assert launched.split() == ["llm-7", "http://collector:8000"]
+    assert launched.split() == ["llm-7", "http://collector:8000", "True", "False"]
     show = "import stepscope; print(stepscope.__version__, stepscope.__file__)"
     imported = _run(python, "-c", show, cwd=tmp_path)
     version, where = imported.split()
