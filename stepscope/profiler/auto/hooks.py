@@ -158,8 +158,7 @@ class ZeroCode:
         inference = self.inference
         if inference is not None and self._observed():
             inference.optimizer_ends()
-            if inference.num_steps > DISCOVERY_STEPS and not self._roots_hooked:
-                self._watch_roots_only()
+            self._end_discovery(inference)
 
     def _scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         zero_code = self
@@ -188,6 +187,7 @@ class ZeroCode:
             inference = zero_code.inference
             if inference is None or threading.get_ident() != zero_code._thread_id:
                 return original(iterator)
+            zero_code._end_discovery(inference)
             inference.data_wait_begins()
             start = clock()
             batch = original(iterator)
@@ -260,8 +260,11 @@ class ZeroCode:
             module.register_module_forward_hook(self._global_post, always_call=True)
         )
 
-    def _watch_roots_only(self) -> None:
-        """Per-module hooks on the roots; the global ones go."""
+    def _end_discovery(self, inference: StepInference) -> None:
+        """After the first steps, per-module hooks on the roots; the global ones go (called
+        outside any module's forward)."""
+        if self._roots_hooked or inference.num_steps <= DISCOVERY_STEPS:
+            return
         self._module_hooks.undo()
         self._roots_hooked = True
         for root in self._roots.values():
