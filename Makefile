@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[all,dev]'
+	# torchtitan for the handler's test only: its training needs CUDA, its dependencies are heavy
+	$(BIN)/pip install -q --no-deps 'torchtitan==0.3.0'
 	touch $(STAMP)
 
 test: venv

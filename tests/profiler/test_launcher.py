@@ -180,3 +180,28 @@ def test_on_hang_leaves_a_run_alone_for_a_hang_stored_before_it_began() -> None:
         )
     assert code == 0
     assert time.monotonic() - started >= 3.0
+
+
+def test_zero_code_goes_first_on_the_pythonpath_and_keeps_the_users_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepscope.integrations.torchtitan import HANDLER_FACTORIES
+    from stepscope.profiler.launch.launcher import BOOTSTRAP_DIR, child_env
+
+    monkeypatch.setenv("PYTHONPATH", "/opt/site:/opt/lib")
+    monkeypatch.delenv("STEPSCOPE_AUTO", raising=False)
+    monkeypatch.delenv("TITAN_STRUCT_LOGGER_HANDLERS", raising=False)
+    env = child_env(["python", "t.py"], job_id="j", url=None, token=None)
+    assert env["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/opt/site:/opt/lib"
+    assert (Path(BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
+    assert env["STEPSCOPE_AUTO"] == "1"
+    assert env["TITAN_STRUCT_LOGGER_HANDLERS"] == HANDLER_FACTORIES
+
+    monkeypatch.setenv("TITAN_STRUCT_LOGGER_HANDLERS", "mine.factory")
+    assert child_env(["t"], job_id="j", url=None, token=None)["TITAN_STRUCT_LOGGER_HANDLERS"] == (
+        "mine.factory"
+    )
+    off = child_env(["t"], job_id="j", url=None, token=None, auto=False)
+    assert (off["STEPSCOPE_AUTO"], off["PYTHONPATH"]) == ("0", "/opt/site:/opt/lib")
+    monkeypatch.setenv("STEPSCOPE_AUTO", "0")
+    assert child_env(["t"], job_id="j", url=None, token=None)["PYTHONPATH"] == "/opt/site:/opt/lib"

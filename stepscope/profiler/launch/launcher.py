@@ -32,6 +32,13 @@ BOOTSTRAP_DIR = str(Path(__file__).resolve().parents[1] / "auto" / "bootstrap")
 """The folder of zero-code's sitecustomize.py, first on the command's PYTHONPATH."""
 
 
+TORCHTITAN_HANDLERS = (
+    "torchtitan.observability.structured_logger.jsonl_handler.register_jsonl_handler,"
+    "stepscope.integrations.torchtitan.register_handler"
+)
+"""torchtitan's own JSONL handler factory and stepscope's (the variable replaces its default)."""
+
+
 def child_env(
     cmd: Sequence[str],
     *,
@@ -54,6 +61,7 @@ def child_env(
     if auto:
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+        env.setdefault("TITAN_STRUCT_LOGGER_HANDLERS", TORCHTITAN_HANDLERS)
     return env
 
 
