@@ -70,6 +70,12 @@ class ZeroCode:
         if self.state != "waiting":
             return
         self.state = "off"
+        try:
+            self._start()
+        except Exception:
+            log.warning("stepscope: zero-code profiling is off after an error", exc_info=True)
+
+    def _start(self) -> None:
         if os.getpid() != self._pid or _in_worker_or_agent():
             return
         running = session.current()
@@ -152,13 +158,13 @@ class ZeroCode:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
         if inference is not None and self._observed():
-            inference.optimizer_begins()
+            self._safely(inference.optimizer_begins)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
         if inference is not None and self._observed():
-            inference.optimizer_ends()
-            self._end_discovery(inference)
+            self._safely(inference.optimizer_ends)
+            self._safely(self._end_discovery, inference)
 
     def _scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         zero_code = self
@@ -168,11 +174,12 @@ class ZeroCode:
             inference = zero_code.inference
             if inference is None or not zero_code._observed():
                 return original(scaler, *args, **kwargs)
-            inference.optimizer_begins()  # a step the scaler skips is still an update's step
+            # A step the scaler skips is still an update's step.
+            zero_code._safely(inference.optimizer_begins)
             try:
                 return original(scaler, *args, **kwargs)
             finally:
-                inference.optimizer_ends()
+                zero_code._safely(inference.optimizer_ends)
 
         return step
 
@@ -187,11 +194,11 @@ class ZeroCode:
             inference = zero_code.inference
             if inference is None or threading.get_ident() != zero_code._thread_id:
                 return original(iterator)
-            zero_code._end_discovery(inference)
-            inference.data_wait_begins()
+            zero_code._safely(zero_code._end_discovery, inference)
+            zero_code._safely(inference.data_wait_begins)
             start = clock()
             batch = original(iterator)
-            inference.data_waited(start, clock() - start, batch)
+            zero_code._safely(inference.data_waited, start, clock() - start, batch)
             return batch
 
         return __next__
@@ -206,11 +213,11 @@ class ZeroCode:
             inference = zero_code.inference
             if inference is None or not zero_code._observed():
                 return original(*args, **kwargs)
-            inference.backward_begins()
+            zero_code._safely(inference.backward_begins)
             try:
                 return original(*args, **kwargs)
             finally:
-                inference.backward_ends()
+                zero_code._safely(inference.backward_ends)
 
         return run_backward
 
@@ -240,6 +247,27 @@ class ZeroCode:
             return original(exc_type, exc, tb)
 
         return excepthook
+
+    def _safely(self, signal: Callable[..., Any], *args: Any) -> Any:
+        """`signal(*args)`; a failure turns zero-code's steps off, and never reaches training."""
+        try:
+            return signal(*args)
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Zero-code failed: its steps stop (said once, in the log and as an event)."""
+        if self.inference is None:
+            return
+        self.inference = None
+        self.state = "off"
+        self._module_hooks.undo()
+        log.warning("stepscope: zero-code's steps are off after an error", exc_info=exc)
+        if self.profiler is not None:
+            self.profiler.event(
+                "exception", f"stepscope zero-code failed, its steps are off: {exc!r}"
+            )
 
     def _observed(self) -> bool:
         """On the training thread, outside compiled regions and CUDA graph capture."""
@@ -298,13 +326,14 @@ class ZeroCode:
         if inference is None or not self._observed():
             self._timed.append(False)
             return
-        self._timed.append(inference.forward_begins(module.training and self._grad_enabled()))
+        training = module.training and self._grad_enabled()
+        self._timed.append(self._safely(inference.forward_begins, training) is True)
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
         timed = self._timed.pop() if self._timed else False
         inference = self.inference
         if timed and inference is not None:
-            inference.forward_ends()
+            self._safely(inference.forward_ends)
 
 
 def _never() -> bool:
