@@ -8,11 +8,12 @@ TEST_WORKERS ?= 2
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# torchtitan (--no-deps) for its handler's test only: its training needs CUDA, its
+# dependencies are heavy, and the handler needs only its structured logger.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[all,dev]'
-	# torchtitan for the handler's test only: its training needs CUDA, its dependencies are heavy
 	$(BIN)/pip install -q --no-deps 'torchtitan==0.3.0'
 	touch $(STAMP)
 

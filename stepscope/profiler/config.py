@@ -189,7 +189,8 @@ def default_flush_interval_s(world_size: int) -> float:
     return min(30.0, max(2.0, world_size / 256))
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """Whether an environment variable's text says yes (1, true, yes, on)."""
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -204,7 +205,7 @@ def _parse_env(name: str, text: str) -> Any:
         return "auto" if text.strip().lower() == "auto" else float(text)
     default = Config.__dataclass_fields__[name].default
     if isinstance(default, bool):
-        return _parse_bool(text)
+        return parse_bool(text)
     if name in ("tokens_per_step", "samples_per_step") or isinstance(default, int):
         return int(text)
     if name in ("peak_flops", "flush_interval_s", "hang_after_s") or isinstance(default, float):

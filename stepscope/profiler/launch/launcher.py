@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from stepscope.profiler.config import parse_bool
 from stepscope.profiler.hangs.action import ON_HANG_ACTIONS, HangAction
 from stepscope.profiler.hangs.dump_watcher import DumpWatcher
 from stepscope.profiler.shipping.node_relay import NodeRelay
@@ -145,8 +146,7 @@ def launch(
 
 
 def _profiling(env: dict[str, str]) -> bool:
-    disabled = env.get("STEPSCOPE_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
-    return bool(env.get("STEPSCOPE_URL")) and not disabled
+    return bool(env.get("STEPSCOPE_URL")) and not parse_bool(env.get("STEPSCOPE_DISABLED", ""))
 
 
 def _start_node_relay(env: dict[str, str]) -> NodeRelay | None:
