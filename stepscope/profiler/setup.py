@@ -148,5 +148,6 @@ def _adopt(
         )
     if model is not None:
         profiler.watch(model)
+    profiler.step_rule = None  # the steps are the caller's step() blocks from now on
     log.info("stepscope: init() takes over this process's running profiler and its steps")
     return profiler

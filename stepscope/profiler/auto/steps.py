@@ -55,8 +55,10 @@ class StepInference:
             self._close_step()
 
     def data_waited(self, start: float, waited_s: float, batch: Any) -> None:
-        if self._eval is not None:
-            return  # evaluation's own input: not the next step's
+        if self._eval is not None:  # evaluation's input, or the next step's: its forward says
+            self._pending_wait = (start, waited_s)
+            self._samples = batch_size(batch)
+            return
         if self._in_step:
             self.profiler.record_data_wait(waited_s, started_at=start)
         elif self._pending_wait is None:
@@ -170,8 +172,8 @@ class StepInference:
         if self._eval is None:
             self._eval = self.profiler.phase("eval")
             self._eval.__enter__()
-            self._pending_wait = None  # the waits since the last step were evaluation's
-            self._samples = 0
+        self._pending_wait = None  # the waits since the last step were evaluation's
+        self._samples = 0
 
     def _end_eval(self) -> None:
         if self._eval is not None:
