@@ -227,6 +227,22 @@ def test_an_eval_loop_between_steps_is_an_eval_phase_not_steps(zero_code: Job) -
     assert rows[steps_before]["data_s"] < eval_batches * eval_delay_s
 
 
+def test_a_teachers_no_grad_forward_in_each_step_is_part_of_the_step(zero_code: Job) -> None:
+    num_steps = 5
+    student, teacher = build_model(), build_model().eval()
+    optimizer = SGD(student.parameters(), lr=0.01)
+    for batch in build_loader(num_steps):
+        with torch.no_grad():
+            loss_of(teacher, batch)  # a distillation teacher: no grad, eval mode, every step
+        optimizer.zero_grad()
+        loss_of(student, batch).backward()
+        optimizer.step()
+
+    rows = zero_code.steps()
+    assert_training_steps(rows, num_steps, samples=BATCH)  # each with its batch's data wait
+    assert zero_code.phases() == []
+
+
 def train_compiled(num_steps: int) -> int:
     """Train a freshly compiled model for `num_steps`; the graph breaks dynamo counted."""
     from torch._dynamo.utils import counters

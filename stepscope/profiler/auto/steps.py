@@ -6,7 +6,9 @@ a step ends at the first data wait, training forward or backward that follows an
 update. So several optimizers, an optimizer container, ZeRO's sub-group steps and gradient
 accumulation make one step each update, and an AMP step that the scaler skipped still ends
 its step (the scaler's `step()` is a signal of its own). A forward with grad off or in eval
-mode, once an optimizer exists, opens an `eval` phase instead. A job with no optimizer (or
+mode, once an optimizer exists and between updates, is evaluation once a data wait or a second
+such forward follows it (an `eval` phase), and otherwise part of the next step (a
+distillation teacher's forward). A job with no optimizer (or
 one whose backwards never reach one) steps per data-loader batch.
 """
 
@@ -47,6 +49,9 @@ class StepInference:
         """(start, waited_s) of the data waits since the last step ended, not yet given: an
         eval phase may claim them."""
         self._eval: AbstractContextManager[None] | None = None
+        self._maybe_eval = False
+        """A no-grad forward ran between updates: evaluation's first, or part of the next step
+        (a distillation teacher's); a data wait or a second one makes it evaluation."""
 
     # ---- signals ---------------------------------------------------------------------------
 
@@ -55,6 +60,8 @@ class StepInference:
             self._close_step()
 
     def data_waited(self, start: float, waited_s: float, batch: Any) -> None:
+        if self._maybe_eval:  # an input pipeline between no-grad forwards: evaluation
+            self._open_eval()
         if self._eval is not None:  # evaluation's input, or the next step's: its forward says
             self._pending_wait = (start, waited_s)
             self._samples = batch_size(batch)
@@ -169,6 +176,13 @@ class StepInference:
     def _begin_eval(self) -> None:
         if self._in_step:
             self._close_step()
+        if self._eval is None and not self._maybe_eval:
+            self._maybe_eval = True
+            return
+        self._open_eval()
+
+    def _open_eval(self) -> None:
+        self._maybe_eval = False
         if self._eval is None:
             self._eval = self.profiler.phase("eval")
             self._eval.__enter__()
@@ -176,6 +190,7 @@ class StepInference:
         self._samples = 0
 
     def _end_eval(self) -> None:
+        self._maybe_eval = False
         if self._eval is not None:
             self._eval.__exit__(None, None, None)
             self._eval = None
