@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -283,10 +284,13 @@ class ZeroCode:
         """Global module hooks until the roots are known (they cost every module its fast path)."""
         from torch.nn.modules import module
 
-        self._module_hooks.handle(module.register_module_forward_pre_hook(self._global_pre))
-        self._module_hooks.handle(
-            module.register_module_forward_hook(self._global_post, always_call=True)
-        )
+        hooks = self._module_hooks
+        hooks.handle(module.register_module_forward_pre_hook(self._global_pre))
+        hooks.handle(module.register_module_forward_hook(self._global_post, always_call=True))
+        # A compiled module warns of them at each call; they skip compiled regions, so its
+        # warning (hooks firing again inside) is not the user's to read.
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        hooks.on_undo(functools.partial(_remove_filter, warnings.filters[0]))
 
     def _end_discovery(self, inference: StepInference) -> None:
         """After the first steps, per-module hooks on the roots; the global ones go (called
@@ -334,6 +338,18 @@ class ZeroCode:
         inference = self.inference
         if timed and inference is not None:
             self._safely(inference.forward_ends)
+
+
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def _remove_filter(entry: Any) -> None:
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+    if entry in filters:
+        filters.remove(entry)
+        mutated = getattr(warnings, "_filters_mutated", None)  # the once-per-place caches
+        if mutated is not None:
+            mutated()
 
 
 def _never() -> bool:

@@ -23,7 +23,11 @@ class Patches:
 
     def handle(self, handle: Any) -> None:
         """A torch RemovableHandle, removed on undo."""
-        self._undo.append(handle.remove)
+        self.on_undo(handle.remove)
+
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """Call `undo` on undo, in its turn."""
+        self._undo.append(undo)
 
     def undo(self) -> None:
         while self._undo:
