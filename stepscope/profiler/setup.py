@@ -75,35 +75,11 @@ def current() -> Profiler:
     return running if running is not None else Profiler()
 
 
-def build_profiler(
-    *,
-    job_id: str | None = None,
-    url: str | None = None,
-    token: str | None = None,
-    model: Any = None,
-    tokens_per_step: int | None = None,
-    samples_per_step: int | None = None,
-    flops_per_step: float | Literal["auto"] | None = None,
-    peak_flops: float | None = None,
-    benchmark_key: str | None = None,
-    attributes: dict[str, Any] | None = None,
-    **options: Any,
-) -> Profiler:
-    """A new profiler for this rank (init()'s, without the session): the no-op one when
-    profiling is off or fails to start."""
+def build_profiler(*, model: Any = None, **options: Any) -> Profiler:
+    """A new profiler for this rank (init()'s, without the session), `options` being Config
+    fields: the no-op one when profiling is off or fails to start."""
     try:
-        config = build_config(
-            job_id=job_id,
-            url=url,
-            token=token,
-            tokens_per_step=tokens_per_step,
-            samples_per_step=samples_per_step,
-            flops_per_step=flops_per_step,
-            peak_flops=peak_flops,
-            benchmark_key=benchmark_key,
-            attributes=attributes,
-            **options,
-        )
+        config = build_config(**options)
     except (TypeError, ValueError) as exc:
         log.error("stepscope disabled: bad configuration: %s", exc)
         return Profiler()
