@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -344,3 +345,21 @@ def test_after_discovery_only_the_root_module_carries_hooks(
     assert hooked_modules(model) == ["root"]
     assert len(zero_code.steps()) == num_steps
     assert hooked_modules(model) == []  # uninstalled
+
+
+def test_distributed_checkpoint_save_and_load_are_phases(zero_code: Job, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    model = build_model()
+    optimizer = SGD(model.parameters(), lr=0.01)
+    for batch in build_loader(2):
+        optimizer.zero_grad()
+        loss_of(model, batch).backward()
+        optimizer.step()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "ckpt")
+    state = {"model": build_model().state_dict()}
+    dcp.load(state, checkpoint_id=tmp_path / "ckpt")
+
+    assert len(zero_code.steps()) == 2
+    assert zero_code.phases() == ["checkpoint_save", "checkpoint_load"]
+    assert torch.equal(state["model"]["0.weight"], model.state_dict()["0.weight"])

@@ -358,10 +358,13 @@ def _never() -> bool:
 
 def _in_worker_or_agent() -> bool:
     """A DataLoader worker, or torchrun's agent (it imports torch but trains nothing)."""
-    worker_info = sys.modules.get("torch.utils.data")
-    if worker_info is not None and worker_info.get_worker_info() is not None:
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and data.get_worker_info() is not None:
         return True
-    return "RANK" not in os.environ and "torch.distributed.elastic.agent.server.api" in sys.modules
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name == "torch.distributed.run":
+        return True  # python -m torch.distributed.run
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "torchrun"
 
 
 _zero_code: ZeroCode | None = None
