@@ -4,7 +4,8 @@ profiled by stepscope; --wrap fsdp1 trains it with FullyShardedDataParallel inst
     torchrun --standalone --nproc_per_node=4 examples/fsdp2_train.py --url http://127.0.0.1:8000
 
 `--delay-rank 2 --delay-phase forward --delay-s 0.03` makes rank 2 a compute straggler:
-its peers wait for it in the all-gathers. Without --url (or STEPSCOPE_URL) the profiler is a
+its peers wait for it in the all-gathers; `--delay-phase data` makes it a data straggler (its
+DataLoader sleeps before each batch). Without --url (or STEPSCOPE_URL) the profiler is a
 no-op; --no-stepscope leaves stepscope out entirely.
 """
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformer import (
+    DELAY_PHASES,
     Block,
     add_common_args,
     build_model,
@@ -28,7 +30,7 @@ from transformer import (
     model_config,
     run_main,
     summary,
-    token_batches,
+    token_loader,
 )
 
 import stepscope
@@ -36,7 +38,7 @@ import stepscope
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_common_args(p)
+    add_common_args(p, delay_phases=DELAY_PHASES)
     p.add_argument("--wrap", choices=("fully_shard", "fsdp1"), default="fully_shard")
     return p.parse_args(argv)
 
@@ -72,8 +74,10 @@ def train(args: argparse.Namespace, prof: stepscope.Profiler) -> dict[str, Any]:
     delay_at = delay_for(args, rank)
     losses: list[float | None] = []
     start = time.perf_counter()
-    batches = token_batches(cfg, steps=args.steps, batch_size=args.batch_size, seed=rank)
-    for step, (tokens, targets) in enumerate(batches):
+    data = token_loader(
+        cfg, steps=args.steps, batch_size=args.batch_size, seed=rank, delay=model.delay
+    )
+    for step, (tokens, targets) in enumerate(prof.wrap_dataloader(data)):
         model.delay.arm(args.delay_phase, delay_at(step))
         with prof.step():
             with prof.section("forward"):

@@ -1,5 +1,5 @@
-"""What the transformer examples share: a tiny causal transformer, synthetic token batches,
-injected delays, the command-line flags and the per-rank summary.
+"""What the transformer examples share: a tiny causal transformer, synthetic token batches
+(and a DataLoader of them), injected delays, the command-line flags and the per-rank summary.
 
 fsdp2_train.py, fsdp_tp_train.py and pipeline_train.py import this module (it sits next to
 them, so `torchrun examples/<name>.py` finds it); tests import the examples the same way.
@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
 
 import stepscope
 
-DELAY_PHASES = ("forward", "backward")
+DELAY_PHASES = ("data", "forward", "backward")
+"""Where a Delay sleeps; "data" only in examples that read through token_loader."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,7 +45,12 @@ class ModelConfig:
             raise ValueError("dim must be a multiple of num_heads")
 
 
-def add_common_args(p: argparse.ArgumentParser, *, steps: int = 30) -> None:
+def add_common_args(
+    p: argparse.ArgumentParser,
+    *,
+    steps: int = 30,
+    delay_phases: Sequence[str] = ("forward", "backward"),
+) -> None:
     """The flags every transformer example takes (as examples/ddp_train.py has them)."""
     p.add_argument("--steps", type=int, default=steps, help="training steps")
     p.add_argument("--url", default=None, help="collector URL (else STEPSCOPE_URL)")
@@ -54,7 +61,7 @@ def add_common_args(p: argparse.ArgumentParser, *, steps: int = 30) -> None:
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=16)
     p.add_argument("--delay-rank", type=int, default=-1, help="rank that gets the delay")
-    p.add_argument("--delay-phase", choices=DELAY_PHASES, default="backward")
+    p.add_argument("--delay-phase", choices=delay_phases, default="backward")
     p.add_argument("--delay-s", type=float, default=0.0, help="delay per step, seconds")
     p.add_argument(
         "--delay-step-ratio",
@@ -140,15 +147,22 @@ class Transformer(nn.Module):
 
 
 class Delay:
-    """Sleeps in forward or backward while armed: makes this rank a compute straggler."""
+    """Sleeps before a batch (see TokenBatches), in forward or in backward while armed: makes
+    this rank a data or a compute straggler."""
 
     def __init__(self) -> None:
+        self.data_s = 0.0
         self.forward_s = 0.0
         self.backward_s = 0.0
 
     def arm(self, phase: str, delay_s: float) -> None:
+        self.data_s = delay_s if phase == "data" else 0.0
         self.forward_s = delay_s if phase == "forward" else 0.0
         self.backward_s = delay_s if phase == "backward" else 0.0
+
+    def before_batch(self) -> None:
+        if self.data_s:
+            time.sleep(self.data_s)
 
     def before_forward(self) -> None:
         if self.forward_s:
@@ -180,6 +194,40 @@ def token_batches(
     for _ in range(steps):
         tokens = torch.randint(cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=gen)
         yield tokens[:, :-1], tokens[:, 1:]
+
+
+class TokenBatches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """token_batches, read through a DataLoader as a real job's input is; each batch comes
+    after `delay`'s data delay. The loop arms the delay at the start of a step, after drawing
+    its batch: a data delay armed at step i slows the batch of step i + 1."""
+
+    def __init__(
+        self, cfg: ModelConfig, *, steps: int, batch_size: int, seed: int, delay: Delay
+    ) -> None:
+        self.cfg = cfg
+        self.steps = steps
+        self.batch_size = batch_size
+        self.seed = seed
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = token_batches(
+            self.cfg, steps=self.steps, batch_size=self.batch_size, seed=self.seed
+        )
+        for batch in batches:
+            self.delay.before_batch()
+            yield batch
+
+
+def token_loader(
+    cfg: ModelConfig, *, steps: int, batch_size: int, seed: int, delay: Delay
+) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
+    """A DataLoader of TokenBatches in this process (batch_size=None: they come batched)."""
+    dataset = TokenBatches(cfg, steps=steps, batch_size=batch_size, seed=seed, delay=delay)
+    return DataLoader(dataset, batch_size=None, num_workers=0)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
