@@ -156,16 +156,26 @@ class ZeroCode:
 
         return __init__
 
+    # Each signal below is fail-open: an error turns zero-code's steps off (_fail), never
+    # reaching training. The try blocks are inline: they run a few times a step.
+
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
         if inference is not None and self._observed():
-            self._safely(inference.optimizer_begins)
+            try:
+                inference.optimizer_begins()
+            except Exception as exc:
+                self._fail(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
         if inference is not None and self._observed():
-            self._safely(inference.optimizer_ends)
-            self._safely(self._end_discovery, inference)
+            try:
+                inference.optimizer_ends()
+                if not self._roots_hooked:
+                    self._end_discovery(inference)
+            except Exception as exc:
+                self._fail(exc)
 
     def _scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         zero_code = self
@@ -176,11 +186,11 @@ class ZeroCode:
             if inference is None or not zero_code._observed():
                 return original(scaler, *args, **kwargs)
             # A step the scaler skips is still an update's step.
-            zero_code._safely(inference.optimizer_begins)
+            zero_code._optimizer_pre(None, None, None)
             try:
                 return original(scaler, *args, **kwargs)
             finally:
-                zero_code._safely(inference.optimizer_ends)
+                zero_code._optimizer_post(None, None, None)
 
         return step
 
@@ -195,11 +205,19 @@ class ZeroCode:
             inference = zero_code.inference
             if inference is None or threading.get_ident() != zero_code._thread_id:
                 return original(iterator)
-            zero_code._safely(zero_code._end_discovery, inference)
-            zero_code._safely(inference.data_wait_begins)
+            try:
+                if not zero_code._roots_hooked:
+                    zero_code._end_discovery(inference)
+                inference.data_wait_begins()
+            except Exception as exc:
+                zero_code._fail(exc)
             start = clock()
             batch = original(iterator)
-            zero_code._safely(inference.data_waited, start, clock() - start, batch)
+            waited_s = clock() - start
+            try:
+                inference.data_waited(start, waited_s, batch)
+            except Exception as exc:
+                zero_code._fail(exc)
             return batch
 
         return __next__
@@ -212,13 +230,20 @@ class ZeroCode:
             if zero_code.state == "waiting":
                 zero_code.activate()
             inference = zero_code.inference
-            if inference is None or not zero_code._observed():
+            # Not in a compiled region: dynamo does not trace a backward() call.
+            if inference is None or threading.get_ident() != zero_code._thread_id:
                 return original(*args, **kwargs)
-            zero_code._safely(inference.backward_begins)
+            try:
+                inference.backward_begins()
+            except Exception as exc:
+                zero_code._fail(exc)
             try:
                 return original(*args, **kwargs)
             finally:
-                zero_code._safely(inference.backward_ends)
+                try:
+                    inference.backward_ends()
+                except Exception as exc:
+                    zero_code._fail(exc)
 
         return run_backward
 
@@ -248,14 +273,6 @@ class ZeroCode:
             return original(exc_type, exc, tb)
 
         return excepthook
-
-    def _safely(self, signal: Callable[..., Any], *args: Any) -> Any:
-        """`signal(*args)`; a failure turns zero-code's steps off, and never reaches training."""
-        try:
-            return signal(*args)
-        except Exception as exc:
-            self._fail(exc)
-            return None
 
     def _fail(self, exc: BaseException) -> None:
         """Zero-code failed: its steps stop (said once, in the log and as an event)."""
@@ -295,13 +312,16 @@ class ZeroCode:
     def _end_discovery(self, inference: StepInference) -> None:
         """After the first steps, per-module hooks on the roots; the global ones go (called
         outside any module's forward)."""
-        if self._roots_hooked or inference.num_steps <= DISCOVERY_STEPS:
+        if inference.num_steps <= DISCOVERY_STEPS:
             return
         self._module_hooks.undo()
         self._roots_hooked = True
+        hooks = self._module_hooks
         for root in self._roots.values():
-            self._module_hooks.handle(root.register_forward_pre_hook(self._root_pre))
-            self._module_hooks.handle(root.register_forward_hook(self._root_post, always_call=True))
+            # First in, last out: the forward includes the root's own hooks (FSDP2 gathers the
+            # root's parameters in its pre-forward hook), as global hooks and step() see it.
+            hooks.handle(root.register_forward_pre_hook(self._root_pre, prepend=True))
+            hooks.handle(root.register_forward_hook(self._root_post, always_call=True))
 
     def _global_pre(self, module: Any, args: Any) -> None:
         if self._is_compiling():
@@ -330,14 +350,21 @@ class ZeroCode:
         if inference is None or not self._observed():
             self._timed.append(False)
             return
-        training = module.training and self._grad_enabled()
-        self._timed.append(self._safely(inference.forward_begins, training) is True)
+        try:
+            timed = inference.forward_begins(module.training and self._grad_enabled())
+        except Exception as exc:
+            self._fail(exc)
+            timed = False
+        self._timed.append(timed)
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
         timed = self._timed.pop() if self._timed else False
         inference = self.inference
         if timed and inference is not None:
-            self._safely(inference.forward_ends)
+            try:
+                inference.forward_ends()
+            except Exception as exc:
+                self._fail(exc)
 
 
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"

@@ -12,13 +12,9 @@ from typing import Any
 from stepscope.profiler import session
 from stepscope.profiler.auto.imports import when_imported
 from stepscope.profiler.auto.patches import Patches
-from stepscope.profiler.base import Profiler
 
-ProfilerNow = Callable[[], Profiler | None]
-"""The process's profiler now (zero-code may start one), None when nothing profiles."""
-
-_CHECKPOINT_PHASES = {"save": "checkpoint_save", "async_save": "checkpoint_save"}
-_LOAD_PHASES = {"load": "checkpoint_load"}
+_PHASES = {"save": "checkpoint_save", "async_save": "checkpoint_save", "load": "checkpoint_load"}
+"""torch.distributed.checkpoint's functions that are phases."""
 _installed: list[Patches] = []
 
 
@@ -31,16 +27,15 @@ def install(activate: Callable[[], None] | None = None) -> None:
         return
     patches = Patches()
     _installed.append(patches)
-    profiler_now = session.running_profiler
     when_imported(
-        "torch.nn.parallel.distributed", lambda m: _watch_on_init(patches, m, profiler_now)
+        "torch.nn.parallel.distributed",
+        lambda module: _watch_after_init(patches, module.DistributedDataParallel),
     )
     when_imported(
-        "torch.distributed.pipelining.stage", lambda m: _watch_stages(patches, m, profiler_now)
+        "torch.distributed.pipelining.stage",
+        lambda module: _watch_after_init(patches, module._PipelineStageBase),
     )
-    when_imported(
-        "torch.distributed.checkpoint", lambda m: _checkpoint_phases(patches, m, profiler_now)
-    )
+    when_imported("torch.distributed.checkpoint", lambda m: _checkpoint_phases(patches, m))
 
 
 def uninstall() -> None:
@@ -50,22 +45,14 @@ def uninstall() -> None:
     session.forget_starters()
 
 
-def _watch_on_init(patches: Patches, module: ModuleType, profiler_now: ProfilerNow) -> None:
-    _watch_after_init(patches, module.DistributedDataParallel, profiler_now)
-
-
-def _watch_stages(patches: Patches, module: ModuleType, profiler_now: ProfilerNow) -> None:
-    _watch_after_init(patches, module._PipelineStageBase, profiler_now)
-
-
-def _watch_after_init(patches: Patches, cls: type, profiler_now: ProfilerNow) -> None:
+def _watch_after_init(patches: Patches, cls: type) -> None:
     """`profiler.watch(obj)` after each `cls(...)` is built (watch() takes a model once)."""
 
     def make(original: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            profiler = profiler_now()
+            profiler = session.running_profiler()
             if profiler is not None:
                 profiler.watch(self)
 
@@ -74,16 +61,14 @@ def _watch_after_init(patches: Patches, cls: type, profiler_now: ProfilerNow) ->
     patches.wrap(cls, "__init__", make)
 
 
-def _checkpoint_phases(patches: Patches, module: ModuleType, profiler_now: ProfilerNow) -> None:
+def _checkpoint_phases(patches: Patches, module: ModuleType) -> None:
     """dcp.save / async_save / load (and their modules' own names) as phases."""
-    saver = module.state_dict_saver
-    loader = module.state_dict_loader
-    for name, phase in {**_CHECKPOINT_PHASES, **_LOAD_PHASES}.items():
-        owner = loader if name in _LOAD_PHASES else saver
-        if not hasattr(owner, name):
+    for name, phase in _PHASES.items():
+        owner = module.state_dict_loader if phase == "checkpoint_load" else module.state_dict_saver
+        original = getattr(owner, name, None)
+        if original is None:
             continue
-        original = getattr(owner, name)
-        wrapped = _in_phase(original, phase, profiler_now)
+        wrapped = _in_phase(original, phase)
         patches.wrap(owner, name, functools.partial(_replacement, wrapped))
         if getattr(module, name, None) is original:  # dcp.save is state_dict_saver.save
             patches.wrap(module, name, functools.partial(_replacement, wrapped))
@@ -93,10 +78,10 @@ def _replacement(wrapped: Callable[..., Any], original: Callable[..., Any]) -> C
     return wrapped
 
 
-def _in_phase(fn: Callable[..., Any], phase: str, profiler_now: ProfilerNow) -> Callable[..., Any]:
+def _in_phase(fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        profiler = profiler_now()
+        profiler = session.running_profiler()
         if profiler is None:
             return fn(*args, **kwargs)
         with profiler.phase(phase):

@@ -14,7 +14,7 @@ one whose backwards never reach one) steps per data-loader batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -197,12 +197,12 @@ class StepInference:
 
 
 def batch_size(batch: Any) -> int:
-    """Samples in a batch that is a tensor, or a mapping or sequence whose first value is one;
+    """Samples in a batch that is a tensor, or a tuple, list or mapping whose first value is one;
     0 when it cannot tell."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, tuple | list):  # the common case first: no abstract-class check
+        batch = batch[0] if batch else None
+    elif isinstance(batch, Mapping):
         batch = next(iter(batch.values()), None)
-    elif isinstance(batch, Sequence) and not isinstance(batch, str | bytes) and batch:
-        batch = batch[0]
     shape = getattr(batch, "shape", None)
     try:
         return int(shape[0]) if shape else 0
