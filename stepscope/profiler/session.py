@@ -55,12 +55,12 @@ def start(profiler: Profiler, owner: str, release: Callable[[], None] | None = N
     return _session
 
 
-def claim(owner: str, release: Callable[[], None] | None = None) -> Session | None:
+def claim(owner: str) -> Session | None:
     """Hand the steps of this process's profiler to `owner`; None when none was started."""
     session = _session
     if session is None or session.owner == owner:
         return session
-    previous, session.release = session.release, release
+    previous, session.release = session.release, None
     session.owner = owner
     if previous is not None:
         previous()
