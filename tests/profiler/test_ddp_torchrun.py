@@ -84,7 +84,7 @@ def test_every_rank_reports_every_step_and_a_data_stall_shows_in_data_s(
     )
     by_rank = steps_by_rank(live_server.db_url, job_id)
     assert sorted(by_rank) == [0, 1, 2]
-    not_applicable = ("h2d_s", "flops", "mem_peak_bytes", "node")
+    not_applicable = ("h2d_s", "flops", "mem_peak_bytes", "node", "step_rule")
     filled = [c.name for c in STEPS.columns if c.name not in not_applicable]
     for rows in by_rank.values():
         assert [r["step"] for r in rows] == list(range(num_steps))

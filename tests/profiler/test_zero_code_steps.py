@@ -123,6 +123,21 @@ def test_a_plain_loop_stores_one_step_per_update(zero_code: Job) -> None:
     assert_training_steps(zero_code.steps(), num_steps, samples=BATCH)
 
 
+def test_torchdatas_stateful_data_loader_waits_are_data_wait(zero_code: Job) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    num_steps = 5
+    model = build_model()
+    optimizer = SGD(model.parameters(), lr=0.01)
+    plain = build_loader(num_steps)
+    loader = StatefulDataLoader(plain.dataset, batch_size=BATCH, collate_fn=plain.collate_fn)
+    for batch in loader:
+        optimizer.zero_grad()
+        loss_of(model, batch).backward()
+        optimizer.step()
+    assert_training_steps(zero_code.steps(), num_steps, samples=BATCH)
+
+
 def test_gradient_accumulation_makes_one_step_per_update(zero_code: Job) -> None:
     num_updates, accumulate = 3, 4
     model = build_model()

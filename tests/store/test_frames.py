@@ -43,6 +43,7 @@ STEPS_DTYPES = {
     "samples": pl.Int64,
     "flops": pl.Float64,
     "mem_peak_bytes": pl.Int64,
+    "step_rule": pl.String,
 }
 _seq = itertools.count()
 
@@ -100,7 +101,9 @@ def rows_of(rank: int, columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def test_read_frame_returns_the_written_rows_in_key_order_with_canonical_dtypes(
     engine: sa.Engine,
 ) -> None:
-    rank1 = steps(1, [2, 0, 1], h2d_s=[None, 0.002, 0.003], tokens=[10, 11, 12])
+    rank1 = steps(
+        1, [2, 0, 1], h2d_s=[None, 0.002, 0.003], tokens=[10, 11, 12], step_rule=["optimizer"] * 3
+    )
     rank0 = steps(0, [1, 0, 2], flops=[1e12, 2e12, None], mem_peak_bytes=[2**40, 5, 6])
     store(engine, 1, steps=rank1)
     store(engine, 0, steps=rank0)

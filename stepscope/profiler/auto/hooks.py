@@ -61,7 +61,8 @@ class ZeroCode:
         self._grad_enabled: Callable[[], bool] = _never
         self._thread_id = threading.get_ident()
         self._pid = os.getpid()
-        self._capturing: Callable[[], bool] = _never
+        self._capturing: Callable[[], bool] | None = None
+        """Whether the current CUDA stream captures a graph (None: no CUDA here)."""
         self._is_compiling: Callable[[], bool] = _never
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -289,11 +290,10 @@ class ZeroCode:
 
     def _observed(self) -> bool:
         """On the training thread, outside compiled regions and CUDA graph capture."""
-        return (
-            threading.get_ident() == self._thread_id
-            and not self._is_compiling()
-            and not self._capturing()
-        )
+        if threading.get_ident() != self._thread_id or self._is_compiling():
+            return False
+        capturing = self._capturing
+        return capturing is None or not capturing()
 
     # ---- root modules ----------------------------------------------------------------------
 

@@ -86,7 +86,8 @@ class StepInference:
             if self.has_optimizer and (not self._in_step or self._updated):
                 self._begin_eval()
                 return False
-        self._end_eval()
+        if self._eval is not None or self._maybe_eval:
+            self._end_eval()
         if self._in_step and self._updated:
             self._close_step()
         if not self._in_step:
@@ -105,7 +106,8 @@ class StepInference:
         self._backward_depth += 1
         if self._backward_depth > 1:
             return
-        self._end_eval()
+        if self._eval is not None or self._maybe_eval:
+            self._end_eval()
         if self._in_step and self._updated and self.rule == "optimizer":
             self._close_step()
         if not self._in_step:
@@ -129,7 +131,8 @@ class StepInference:
         self._optimizer_depth += 1
         if self._optimizer_depth > 1:
             return  # an inner optimizer of a container or a scaler: the same update
-        self._end_eval()
+        if self._eval is not None or self._maybe_eval:
+            self._end_eval()
         if self.rule == "dataloader" and self.has_optimizer:
             self.rule = "optimizer"
         if not self._in_step:
@@ -148,7 +151,8 @@ class StepInference:
         the open step raised."""
         while self._forward_open > 0:
             self.forward_ends()
-        self._end_eval()
+        if self._eval is not None or self._maybe_eval:
+            self._end_eval()
         if self._in_step:
             self._close_step(failed=failed)
 
