@@ -200,15 +200,26 @@ class ActiveProfiler(Profiler):
             return NULL_CONTEXT
         return Section(self, name)
 
-    @_fail_open()
-    def begin_step(self, step: int | None = None) -> None:
-        self._begin_step(step)
+    # begin_step and end_step run every step under zero-code and the adapters: fail-open
+    # inline (as Step does), without _fail_open's frame.
 
-    @_fail_open()
+    def begin_step(self, step: int | None = None) -> None:
+        if self._broken:
+            return
+        try:
+            self._begin_step(step)
+        except Exception as exc:
+            self._fail(exc)
+
     def end_step(self, *, failed: bool = False) -> None:
-        if failed and self._current is not None:
-            self._failed_step = self._current.step
-        self._end_step(failed=failed)
+        if self._broken:
+            return
+        try:
+            if failed and self._current is not None:
+                self._failed_step = self._current.step
+            self._end_step(failed=failed)
+        except Exception as exc:
+            self._fail(exc)
 
     def begin_section(self, name: str) -> None:
         if self._broken:
