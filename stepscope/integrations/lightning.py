@@ -31,12 +31,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from stepscope.integrations.claim import claim_profiler
 from stepscope.profiler import session
+from stepscope.profiler.auto.steps import batch_size
 from stepscope.profiler.base import Profiler
 from stepscope.profiler.config import parse_bool
 
@@ -70,19 +71,6 @@ def __getattr__(name: str) -> Any:
     if name == "StepscopeCallback":
         return callback_class(_package_in_use())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def num_samples(batch: Any) -> int | None:
-    """Samples in a batch that is a tensor, or a tuple, list or mapping holding tensors of one
-    length (what else it holds is ignored); None for any other batch."""
-    if isinstance(batch, Mapping):
-        items = list(batch.values())
-    elif isinstance(batch, tuple | list):
-        items = list(batch)
-    else:
-        items = [batch]
-    lengths = {int(shape[0]) for shape in (getattr(i, "shape", None) for i in items) if shape}
-    return lengths.pop() if len(lengths) == 1 else None
 
 
 def _fail_open(*, gated: bool) -> Callable[[Hook], Hook]:
@@ -124,7 +112,7 @@ class _StepMarks:
         self._idle_since: float | None = None
         """perf_counter() when the loop last left training or eval work: data wait from then."""
         self._num_batches = 0
-        self._num_samples: int | None = 0
+        self._num_samples = 0
         self._eval: AbstractContextManager[None] | None = None
         self._saving: AbstractContextManager[None] | None = None
         self._trainer: Any = None
@@ -189,11 +177,7 @@ class _StepMarks:
             self._num_batches, self._num_samples = 0, 0
             self._profiler.begin_step(self._step_global)
         self._num_batches += 1
-        samples = num_samples(batch)
-        if samples is None or self._num_samples is None:
-            self._num_samples = None
-        else:
-            self._num_samples += samples
+        self._num_samples += batch_size(batch)
         self._open_section("forward")
 
     @_fail_open(gated=True)
@@ -272,7 +256,7 @@ class _StepMarks:
         if self._step_global is None:
             return
         self._step_global = None
-        counts: dict[str, Any] = {"samples": self._num_samples}
+        counts: dict[str, Any] = {"samples": self._num_samples or None}
         flops_per_batch = getattr(pl_module, "flops_per_batch", None)
         if isinstance(flops_per_batch, int | float):  # ThroughputMonitor's: per batch and device
             counts["flops"] = float(flops_per_batch) * self._num_batches

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -210,7 +209,7 @@ class StepscopeCallback(TrainerCallback):
         model = trainer.model_wrapped
         if model is not self._model:
             self._observe(profiler, model)
-        return _TimedBatches(batches, profiler)
+        return iter(profiler.wrap_dataloader(batches))  # each next() is data wait
 
     @_fail_open("could not count the tokens of the Trainer's batches")
     def fetched(self, batches: list[Any]) -> None:
@@ -334,25 +333,6 @@ class StepscopeCallback(TrainerCallback):
             self._stop()
         except Exception:
             log.debug("stepscope: the Trainer adapter did not stop cleanly", exc_info=True)
-
-
-class _TimedBatches:
-    """The Trainer's epoch iterator, each `next()` counted as data wait."""
-
-    __slots__ = ("_batches", "_profiler")
-
-    def __init__(self, batches: Iterator[Any], profiler: Profiler) -> None:
-        self._batches = batches
-        self._profiler = profiler
-
-    def __iter__(self) -> _TimedBatches:
-        return self
-
-    def __next__(self) -> Any:
-        start = time.perf_counter()
-        batch = next(self._batches)
-        self._profiler.record_data_wait(time.perf_counter() - start, started_at=start)
-        return batch
 
 
 # ---- the Trainer's wrapped methods --------------------------------------------------------
