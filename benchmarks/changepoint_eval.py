@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.analysis.changepoints import ChangePointConfig, detect_change_points
+from stepscope.analysis.stats.changepoints import ChangePointConfig, detect_change_points
 
 NOISE = 0.01
 SHIFT = 0.02

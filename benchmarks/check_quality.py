@@ -33,9 +33,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.regression import CheckConfig, JobData, check_regression, job_from_steps
-from stepscope.analysis.steady import job_metrics
-from stepscope.analysis.student_t import t_sf
+from stepscope.analysis.frames.steady import job_metrics
+from stepscope.analysis.regression.gate import (
+    CheckConfig,
+    JobData,
+    check_regression,
+    job_from_steps,
+)
+from stepscope.analysis.stats.student_t import t_sf
 from stepscope.synthetic.generate import JobSpec, Straggler, generate, to_frames
 
 NUM_RANKS = 8

@@ -5,7 +5,7 @@ after a job finishes at 10,000 jobs x 1,024 ranks of stored history.
 Quality: fleets of 200-400 jobs over 64 nodes (stepscope.synthetic.fleet), three nodes
 chronically 3-10 % slow (random nodes and factors per fleet), job-to-job noise of a node,
 one-off slow (job, node) pairs. A job's node levels come from `job_levels` on the generated
-rank x bucket own times; the model is `stepscope.analysis.fleet.fleet_health`. The naive
+rank x bucket own times; the model is `stepscope.analysis.fleet.health.fleet_health`. The naive
 rule counts a node a straggler in a job when its excess there is >= 2 % (the straggler
 detector's min_offset) and >= 3 standard errors.
 
@@ -13,7 +13,7 @@ Timing: 10,000 jobs of 128 nodes x 8 ranks (1.28 M node rows) over a fleet of 2,
 written into a SQLite file (and with --postgres into PostgreSQL); then a job finishes: its
 levels from its 1,024-rank x 1,024-bucket own-time matrix, stored, and fleet health
 recomputed (the query layer's cached read brings in the new rows, and the previous fit is
-updated by them: `stepscope.analysis.fleet.add_jobs`).
+updated by them: `stepscope.analysis.fleet.health.add_jobs`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stepscope.analysis.fleet import fleet_health  # noqa: E402
-from stepscope.analysis.node_levels import job_levels  # noqa: E402
+from stepscope.analysis.fleet.health import fleet_health  # noqa: E402
+from stepscope.analysis.fleet.node_levels import job_levels  # noqa: E402
 from stepscope.query import fleet as fleet_query  # noqa: E402
 from stepscope.store import node_levels  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402

@@ -37,7 +37,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stepscope.analysis.goodput import goodput, lifecycles  # noqa: E402
+from stepscope.analysis.goodput.job import goodput, lifecycles  # noqa: E402
 from stepscope.query.goodput import job_goodput  # noqa: E402
 from stepscope.schema import GOODPUT_CATEGORIES  # noqa: E402
 from stepscope.store import rollup_tables, tables  # noqa: E402

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ingest import Conn  # noqa: E402
 from stepscope import schema  # noqa: E402
-from stepscope.analysis.hangs import RankReport, attribute_hang  # noqa: E402
+from stepscope.analysis.hangs.culprits import RankReport, attribute_hang  # noqa: E402
 from stepscope.store import tables  # noqa: E402
 from stepscope.store.engine import make_engine  # noqa: E402
 from stepscope.synthetic.hangs import (  # noqa: E402
@@ -231,7 +231,7 @@ def false_hangs(server: RunningServer, world_size: int, num_conns: int) -> tuple
 
 
 def in_process(world_size: int, num_hangs: int, seed: int) -> dict[str, Any]:
-    """The same hangs through the attribution the server runs (stepscope.analysis.hangs),
+    """The same hangs through the attribution the server runs (stepscope.analysis.hangs.culprits),
     without HTTP and the database: accuracy over many hangs, and the attribution's time."""
     layout = LAYOUTS[world_size]
     rng = random.Random(seed)

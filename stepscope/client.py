@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pydantic import TypeAdapter
 
 from stepscope import __version__, query
-from stepscope.analysis.regression import JobData
+from stepscope.analysis.regression.gate import JobData
 from stepscope.api.capture_read import CaptureRequestRead, capture_requests
 from stepscope.api.fleet_read import NodeDetailRead, NodesPage
 from stepscope.api.goodput_read import FleetGoodputRead, GoodputRead, fleet_read, goodput_read

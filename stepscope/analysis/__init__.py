@@ -1,22 +1,28 @@
 """Analysis (DESIGN §5): canonical DataFrames in, Findings out. Pure polars and numpy.
 
-`analyze` (stepscope.analysis.pipeline) runs the whole analysis of one job; the modules
-beside it are its detectors (stragglers, dataloader, collectives, throughput, telemetry,
-causes), its statistics (grid, rank_levels, changepoints, robust, student_t, runs), the
-rollups and segments the incremental pass shares with it, and the CI gate's statistics
-(regression, metric_tests, baselines, attribution).
+`analyze` (stepscope.analysis.job) runs the whole analysis of one job, with thresholds from
+`config`, over the rollups (`rollups`) that the incremental pass shares with it. Its rooms,
+by subject:
+
+- `stragglers/`: ranks slower than their peers (the test, segments of long jobs, evidence);
+- `communication/`: collective finish times, slow collectives, who waited for whom;
+- `throughput/`: job throughput and MFU, their change points and causes;
+- `data/`: data-bound jobs and ranks;
+- `hangs/`, `goodput/`, `fleet/`, `captures/`: the server's other answers;
+- `regression/`: the CI gate's statistics;
+- `stats/` and `frames/`: the statistics and the frames that the detectors share.
 """
 
-from stepscope.analysis.causes import with_causes
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.findings import findings_to_frame
-from stepscope.analysis.pipeline import (
+from stepscope.analysis.frames.findings import findings_to_frame
+from stepscope.analysis.job import (
     NUMERIC_STEP_COLUMNS,
     analyze,
     job_findings,
     rank_findings,
 )
-from stepscope.analysis.throughput import mfu_per_step
+from stepscope.analysis.throughput.causes import with_causes
+from stepscope.analysis.throughput.findings import mfu_per_step
 
 __all__ = [
     "NUMERIC_STEP_COLUMNS",

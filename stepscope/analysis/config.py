@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from stepscope.analysis.changepoints import ChangePointConfig
+from stepscope.analysis.stats.changepoints import ChangePointConfig
 from stepscope.schema import Severity
 
 

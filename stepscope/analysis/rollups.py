@@ -16,8 +16,12 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from stepscope.analysis.collectives import group_labels, is_constant, summed_over_groups
-from stepscope.analysis.grid import Grid
+from stepscope.analysis.communication.collectives import (
+    group_labels,
+    is_constant,
+    summed_over_groups,
+)
+from stepscope.analysis.frames.grid import Grid
 
 Floats = NDArray[np.float64]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepscope.analysis.goodput import Goodput
+from stepscope.analysis.goodput.job import Goodput
 from stepscope.query.goodput import JobGoodput
 from stepscope.query.goodput_fleet import FleetGoodput
 from stepscope.schema import GOODPUT_CATEGORIES

@@ -1,7 +1,7 @@
 """Canonical records files: the gate's jobs from steps files (--candidate-steps,
 --baseline-steps), and the collectives of `analyze --collectives`.
 
-A steps file gives the same JobData (stepscope.analysis.regression) as a stored job
+A steps file gives the same JobData (stepscope.analysis.regression.gate) as a stored job
 (stepscope.client): its steps are rolled up by the same analysis code.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope import schema
-from stepscope.analysis.regression import JobData, job_from_steps
+from stepscope.analysis.regression.gate import JobData, job_from_steps
 
 _POLARS_TYPES = {"str": pl.String, "int": pl.Int64, "float": pl.Float64, "json": pl.String}
 

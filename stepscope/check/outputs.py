@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from stepscope.analysis.regression import CheckResult, MetricVerdict
+from stepscope.analysis.regression.gate import CheckResult, MetricVerdict
 from stepscope.schema import GOODPUT_METRICS
 from stepscope.text import numbers
 from stepscope.text.fit import MIN_ID_WIDTH, elide_middle

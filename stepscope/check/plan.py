@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from stepscope.analysis.regression import (
+from stepscope.analysis.regression.gate import (
     METRICS,
     CheckConfig,
     CheckResult,

@@ -24,7 +24,7 @@ from stepscope.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from stepscope.analysis.regression import CheckResult
+    from stepscope.analysis.regression.gate import CheckResult
 
 BaselineOpt = Annotated[
     list[str] | None, typer.Option("--baseline", help="A baseline job id (repeatable)")

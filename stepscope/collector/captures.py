@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stepscope.analysis.traces import summarize_trace
+from stepscope.analysis.captures.traces import summarize_trace
 from stepscope.collector.ingest import read_body_limited
 from stepscope.collector.validate import BatchError, decode_body, inflate
 from stepscope.store import captures

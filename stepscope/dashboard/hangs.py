@@ -9,7 +9,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from stepscope.analysis.hangs import rank_spans
+from stepscope.analysis.hangs.culprits import rank_spans
 from stepscope.dashboard.components import job_href, rank_href
 from stepscope.schema import Finding
 from stepscope.text.findings import hang_sentence

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from stepscope import schema
-from stepscope.analysis.hangs import HangState, RankReport, attribute_hang, resumed
+from stepscope.analysis.hangs.culprits import HangState, RankReport, attribute_hang, resumed
 from stepscope.store import hang_reports
 from stepscope.store.availability import OUTAGES
 

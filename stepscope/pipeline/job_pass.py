@@ -2,11 +2,11 @@
 
 A pass reads only the job's batches received since its stored watermark (DESIGN §6): it
 recomputes the rollups of the steps (and GPU time buckets) those batches touched, re-analyses
-the step segments that read those steps (stepscope.analysis.segments), runs the job-level
+the step segments that read those steps (stepscope.analysis.stragglers.segments), runs the job-level
 detectors on the step and collective rollups. It computes first, then stores rollups, state
 and watermark, findings and summary in one transaction: a pass that fails stores nothing, and
 the next one redoes its work. Findings stitched from many passes equal those of one full pass
-over the same rows (both call stepscope.analysis.pipeline's segment and stitch steps).
+over the same rows (both call stepscope.analysis.job's segment and stitch steps).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import sqlalchemy as sa
 from stepscope import schema
 from stepscope.analysis import NUMERIC_STEP_COLUMNS, AnalysisConfig, job_findings
 from stepscope.analysis import rollups as compute
-from stepscope.analysis.pipeline import SegmentRows, combined_findings, segment_findings
-from stepscope.analysis.segments import SegmentPlan
-from stepscope.analysis.telemetry import GPU_COLUMNS
+from stepscope.analysis.job import SegmentRows, combined_findings, segment_findings
+from stepscope.analysis.stragglers.segments import SegmentPlan
+from stepscope.analysis.stragglers.telemetry import GPU_COLUMNS
 from stepscope.pipeline.gpu_buckets import update_gpu_buckets
 from stepscope.pipeline.node_levels import update_node_levels
 from stepscope.pipeline.recent_rows import RecentRows
@@ -49,7 +49,8 @@ _COLLECTIVE_COLUMNS = (
     *("rank", "step", "group", "op", "group_size", "count", "bytes", "busy_s"),
     *("first_seq", "mesh_dim", "group_ranks"),
 )
-"""Per group too: the rollups' labels, and who waited for whom (stepscope.analysis.groups)."""
+"""Per group too: the rollups' labels, and who waited for whom
+(stepscope.analysis.communication.groups)."""
 _ROLLUP_COLUMNS = [c.name for c in tables.step_rollups.c if c.name != "job_id"]
 _OP_COLUMNS = ["step", "group", "op", "group_size", "count", "bytes", "busy_s_min"]
 """What the job-level detectors read of the rollups."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from stepscope.analysis.node_levels import job_levels, own_time_matrix
+from stepscope.analysis.fleet.node_levels import job_levels, own_time_matrix
 from stepscope.store import jobs, node_levels, rollup_tables
 
 _STATS = ("data_s_sum", "compute_s_sum", "compute_s_count")

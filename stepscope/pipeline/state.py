@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from stepscope.analysis.segments import SegmentPlan
+from stepscope.analysis.stragglers.segments import SegmentPlan
 
 Write = Callable[[sa.Connection], None]
 """A change a pass makes to the store, applied in the pass's one transaction."""

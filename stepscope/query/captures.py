@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from stepscope.analysis.traces import compare_summaries
+from stepscope.analysis.captures.traces import compare_summaries
 from stepscope.query.common import require_job
 from stepscope.store import captures
 

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 import sqlalchemy as sa
 
-from stepscope.analysis.fleet import FleetConfig, FleetHealth, add_jobs, fleet_health
+from stepscope.analysis.fleet.health import FleetConfig, FleetHealth, add_jobs, fleet_health
 from stepscope.query.common import check_choice
 from stepscope.schema import expand_ranks
 from stepscope.store import jobs, node_levels, reads

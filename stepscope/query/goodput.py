@@ -10,8 +10,8 @@ from typing import Any
 import polars as pl
 import sqlalchemy as sa
 
-from stepscope.analysis import goodput as gp
-from stepscope.analysis.lifecycles import Lifecycles
+from stepscope.analysis.goodput import job as gp
+from stepscope.analysis.goodput.lifecycles import Lifecycles
 from stepscope.query.common import require_job
 from stepscope.query.memo import per_pass
 from stepscope.store import frames, reads, tables

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from stepscope.analysis import goodput as gp
+from stepscope.analysis.goodput import job as gp
 from stepscope.query.goodput import job_goodput
 from stepscope.schema import GOODPUT_CATEGORIES
 from stepscope.store import jobs

@@ -18,7 +18,8 @@ from stepscope.query.ranks import rank_table
 from stepscope.store import reads, tables
 
 GATE_COLUMNS = ("step", "num_ranks", "step_s_max", "data_s_max", "comm_wait_s_min", "tokens", "mfu")
-"""The step-rollup columns the regression gate reads (stepscope.analysis.steady.job_metrics)."""
+"""The step-rollup columns the regression gate reads
+(stepscope.analysis.frames.steady.job_metrics)."""
 
 
 def comparable_jobs(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from stepscope import query
-from stepscope.analysis.regression import CheckResult
+from stepscope.analysis.regression.gate import CheckResult
 
 MAX_POINTS = 2000
 """Points per series in the report (min/max-preserving downsampling in the query layer)."""

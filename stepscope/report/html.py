@@ -17,7 +17,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from stepscope import figures
-from stepscope.analysis.regression import CheckResult
+from stepscope.analysis.regression.gate import CheckResult
 from stepscope.check import outputs
 from stepscope.report.collect import ReportData
 from stepscope.text import labels

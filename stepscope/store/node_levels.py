@@ -32,7 +32,7 @@ FLEET_COLUMNS: dict[str, Kind] = {
 def replace_job_levels(
     conn: sa.Connection, job_id: str, levels: pl.DataFrame, ts: float | None, now: float
 ) -> None:
-    """Make `levels` (stepscope.analysis.node_levels.job_levels) the job's rows."""
+    """Make `levels` (stepscope.analysis.fleet.node_levels.job_levels) the job's rows."""
     t = tables.node_levels
     conn.execute(sa.delete(t).where(t.c.job_id == job_id))
     if levels.is_empty():

@@ -258,7 +258,7 @@ node_levels = sa.Table(
     sa.Column("ts", sa.Float(precision=53), comment="the job's start [s]"),
     sa.Column("updated_at", sa.Float(precision=53), nullable=False),
 )
-"""Each node's and GPU's level in a job (stepscope.analysis.node_levels), what fleet health
+"""Each node's and GPU's level in a job (stepscope.analysis.fleet.node_levels), what fleet health
 reads (docs/fleet.md); rewritten by every pass that rolls up steps."""
 sa.Index("ix_node_levels_gpu", node_levels.c.gpu, node_levels.c.updated_at)
 """Node rows (gpu "") by update: the fleet read's count and its rows written since."""

@@ -1,7 +1,7 @@
 """Synthetic fleets: many jobs over a shared set of nodes, a few of them chronically slow.
 
 Each job lands on a random subset of the fleet's nodes; each of its ranks' own time per
-step bucket (data + compute, what `stepscope.analysis.node_levels` reads) is
+step bucket (data + compute, what `stepscope.analysis.fleet.node_levels` reads) is
 
     base × job level × rank bias × node factor × job-node noise × bucket noise
 
@@ -21,7 +21,7 @@ import polars as pl
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
-from stepscope.analysis.node_levels import job_levels
+from stepscope.analysis.fleet.node_levels import job_levels
 from stepscope.store import node_levels
 from stepscope.synthetic.generate import node_name
 

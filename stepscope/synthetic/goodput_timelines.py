@@ -82,7 +82,7 @@ class Timeline:
     started_at: float
     ended_at: float
     steps: pl.DataFrame
-    """Per step, the job's sums over ranks (stepscope.analysis.goodput_steps.STEP_COLUMNS)."""
+    """Per step, the job's sums over ranks (stepscope.analysis.goodput.steps.STEP_COLUMNS)."""
     events: pl.DataFrame
     """rank, ts, kind, message, attributes (JSON text)."""
     hangs: list[tuple[float, float]]

@@ -8,13 +8,13 @@ The order: severity (critical first); an open hang first of its severity; then w
 finding costs the job (`job_cost`; a throughput drop that nothing explains costs the share
 of throughput it lost), largest first; then the first step.
 
-What explains a change is what the analysis says: analysis/causes.py links a throughput or
-MFU change point to the stragglers, stalls and slow collectives that began (a drop) or ended
-(a gain) within `cause_steps` steps of it and cost a fair part of it, and lists them in the
-change's `evidence["caused_by"]`, the largest first. A change is folded under the finding
-of the list whose kind and ranks are those of its first cause and whose first step is within
-FOLD_STEPS steps of the cause's (a later pass may move it a little). A change that is
-job-wide, or whose cause is not in the list, stays a finding of its own.
+What explains a change is what the analysis says: analysis/throughput/causes.py links a
+throughput or MFU change point to the stragglers, stalls and slow collectives that began
+(a drop) or ended (a gain) within `cause_steps` steps of it and cost a fair part of it, and
+lists them in the change's `evidence["caused_by"]`, the largest first. A change is folded
+under the finding of the list whose kind and ranks are those of its first cause and whose
+first step is within FOLD_STEPS steps of the cause's (a later pass may move it a little). A
+change that is job-wide, or whose cause is not in the list, stays a finding of its own.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from stepscope.analysis.changepoints import ChangePointConfig, detect_change_points
+from stepscope.analysis.stats.changepoints import ChangePointConfig, detect_change_points
 
 CONFIG = ChangePointConfig()
 

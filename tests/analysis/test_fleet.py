@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from stepscope.analysis.fleet import FleetConfig, add_jobs, fleet_health
-from stepscope.analysis.node_levels import job_levels
+from stepscope.analysis.fleet.health import FleetConfig, add_jobs, fleet_health
+from stepscope.analysis.fleet.node_levels import job_levels
 from stepscope.synthetic.fleet import FleetSpec, fleet_jobs, fleet_levels, slow_node_names
 from stepscope.synthetic.generate import node_name
 

@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 
-from stepscope.analysis.goodput import Goodput, goodput, lifecycles
+from stepscope.analysis.goodput.job import Goodput, goodput, lifecycles
 from stepscope.schema import GOODPUT_CATEGORIES
 from stepscope.synthetic.goodput_timelines import Failure, Scenario, Timeline, generate
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.analysis.goodput import windows, within
-from stepscope.analysis.goodput_time import default_window_s
+from stepscope.analysis.goodput.job import windows, within
+from stepscope.analysis.goodput.timeline import default_window_s
 from stepscope.schema import GOODPUT_CATEGORIES
 from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
 from tests.analysis.test_goodput import _score as score

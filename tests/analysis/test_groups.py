@@ -10,10 +10,10 @@ import polars as pl
 import pytest
 
 from stepscope.analysis import analyze
-from stepscope.analysis.collectives import op_grids, slow_collective_findings
+from stepscope.analysis.communication.collectives import op_grids, slow_collective_findings
+from stepscope.analysis.communication.groups import peer_lateness
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.grid import Grid
-from stepscope.analysis.groups import peer_lateness
+from stepscope.analysis.frames.grid import Grid
 from stepscope.analysis.rollups import op_rollup
 from stepscope.schema import Finding
 from tests.mesh_jobs import (

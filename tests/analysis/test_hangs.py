@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.analysis.hangs import RankReport, attribute_hang, rank_spans, resumed
+from stepscope.analysis.hangs.culprits import RankReport, attribute_hang, rank_spans, resumed
 from stepscope.synthetic.hangs import (
     DATA_STACK,
     OTHER_OP_STACK,

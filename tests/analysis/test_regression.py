@@ -9,11 +9,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from stepscope.analysis.baselines import last_shift
-from stepscope.analysis.metric_tests import min_baselines
-from stepscope.analysis.regression import CheckConfig, JobData, check_regression, job_from_steps
-from stepscope.analysis.steady import detect_warmup, job_levels, job_metrics, trimmed_mean
-from stepscope.analysis.student_t import t_ppf, t_sf
+from stepscope.analysis.frames.steady import detect_warmup, job_levels, job_metrics, trimmed_mean
+from stepscope.analysis.regression.baselines import last_shift
+from stepscope.analysis.regression.gate import (
+    CheckConfig,
+    JobData,
+    check_regression,
+    job_from_steps,
+)
+from stepscope.analysis.regression.metric_tests import min_baselines
+from stepscope.analysis.stats.student_t import t_ppf, t_sf
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 
 NUM_RANKS = 8

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from stepscope.analysis.metric_tests import CheckConfig, weighted_holm
-from stepscope.analysis.share_tests import SHARE_RESOLUTION, decide_share, share_test
-from stepscope.analysis.student_t import t_ppf
+from stepscope.analysis.regression.metric_tests import CheckConfig, weighted_holm
+from stepscope.analysis.regression.share_tests import SHARE_RESOLUTION, decide_share, share_test
+from stepscope.analysis.stats.student_t import t_ppf
 
 
 def _verdict(metric: str, cand: float, base: list[float], min_effect: float = 0.02):  # noqa: ANN202

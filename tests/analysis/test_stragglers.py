@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from stepscope.analysis import AnalysisConfig, analyze
-from stepscope.analysis.stragglers import StragglerInput, straggler_findings
+from stepscope.analysis.stragglers.findings import StragglerInput, straggler_findings
 from stepscope.schema import Finding
 from stepscope.synthetic.generate import JobSpec, SlowNode, Straggler, generate, to_frames
 from stepscope.text.findings import finding_line

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from stepscope import schema
-from stepscope.analysis.changepoints import ChangePointConfig
-from stepscope.analysis.throughput import job_series, mfu_per_step, throughput_findings
+from stepscope.analysis.stats.changepoints import ChangePointConfig
+from stepscope.analysis.throughput.findings import job_series, mfu_per_step, throughput_findings
 
 CONFIG = ChangePointConfig()
 PEAK_FLOPS = 1e13

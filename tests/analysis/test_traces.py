@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.analysis.traces import TOP_OPERATORS, compare_summaries, summarize_trace
+from stepscope.analysis.captures.traces import TOP_OPERATORS, compare_summaries, summarize_trace
 
 
 def x(name: str, cat: str, ts: float, dur: float) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from stepscope import figures
-from stepscope.analysis.goodput import goodput, lifecycles, windows
+from stepscope.analysis.goodput.job import goodput, lifecycles, windows
 from stepscope.query.goodput import JobGoodput
 from stepscope.synthetic.goodput_timelines import Failure, Scenario, generate
 from stepscope.text.labels import goodput_category

@@ -6,7 +6,7 @@ import time
 
 import polars as pl
 
-from stepscope.analysis.fleet import fleet_health
+from stepscope.analysis.fleet.health import fleet_health
 from stepscope.query import fleet as fleet_query
 from stepscope.store.engine import make_engine
 from stepscope.synthetic.fleet import FleetSpec, fleet_levels, slow_node_names, write_fleet

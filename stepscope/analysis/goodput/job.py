@@ -6,14 +6,14 @@ schema.GOODPUT_CATEGORIES: productive, or a named badput. `unaccounted` is the r
 the categories partition the total exactly.
 
 Inputs are small: per step, sums over ranks (the step rollup: mean × ranks), and per rank and
-process its lifecycle (stepscope.analysis.lifecycles). A step's row belongs to
+process its lifecycle (stepscope.analysis.goodput.lifecycles). A step's row belongs to
 the incarnation whose processes were running when it started; the store keeps the first row of
 a (rank, step), so steps an incarnation ran again after a restart keep the earlier run's row,
 and the later run's time on them is known only as a span (counted productive).
 
-Every amount is placed in time as it is counted (stepscope.analysis.goodput_time), so the
-answer (stepscope.analysis.goodput_result) also reads per window. A step's own split is
-stepscope.analysis.goodput_steps.
+Every amount is placed in time as it is counted (stepscope.analysis.goodput.timeline), so the
+answer (stepscope.analysis.goodput.result) also reads per window. A step's own split is
+stepscope.analysis.goodput.steps.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.goodput_result import Goodput, Incarnation, empty_goodput, windows, within
-from stepscope.analysis.goodput_steps import (
+from stepscope.analysis.goodput.lifecycles import Lifecycles, lifecycles, without_lifecycle
+from stepscope.analysis.goodput.result import Goodput, Incarnation, empty_goodput, windows, within
+from stepscope.analysis.goodput.steps import (
     GoodputConfig,
     ideal_step_s,
     job_steps,
@@ -34,8 +35,7 @@ from stepscope.analysis.goodput_steps import (
     rerun_split,
     step_split,
 )
-from stepscope.analysis.goodput_time import Ledger, default_window_s
-from stepscope.analysis.lifecycles import Lifecycles, lifecycles, without_lifecycle
+from stepscope.analysis.goodput.timeline import Ledger, default_window_s
 from stepscope.schema import GOODPUT_CATEGORIES
 
 __all__ = [

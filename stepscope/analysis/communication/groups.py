@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from stepscope.analysis.collectives import group_labels, with_groups
+from stepscope.analysis.communication.collectives import group_labels, with_groups
 from stepscope.schema import compact_ranks
 
 _KEY = ("step", "group", "op")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from stepscope.analysis.robust import mad_sigma
+from stepscope.analysis.stats.robust import mad_sigma
 
 Floats = NDArray[np.float64]
 

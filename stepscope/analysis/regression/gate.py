@@ -1,7 +1,7 @@
 """The CI regression gate's statistics: is a candidate job slower than its baselines?
 
 The job is the unit. Each job is summarised per metric by the log of a trimmed mean of its
-steady-state steps (stepscope.analysis.steady); steps inside a job are autocorrelated and
+steady-state steps (stepscope.analysis.frames.steady); steps inside a job are autocorrelated and
 never count as independent samples. Per metric, with n baselines:
 
 - n >= the fewest the alpha allows: a one-sided prediction interval of the baselines' levels
@@ -16,9 +16,9 @@ never count as independent samples. Per metric, with n baselines:
   (batch means), with the effect floor: a weak verdict, as run-to-run noise is unknown.
 
 Baselines before the last level shift of their history are dropped first
-(stepscope.analysis.baselines); a candidate whose own steps are far noisier than the
+(stepscope.analysis.regression.baselines); a candidate whose own steps are far noisier than the
 baselines' is inconclusive unless it clearly regressed. Improvements are reported and never
-fail. Attribution (stepscope.analysis.attribution) says which components and ranks moved.
+fail. Attribution (stepscope.analysis.regression.attribution) says which components and ranks moved.
 """
 
 from __future__ import annotations
@@ -30,9 +30,20 @@ from typing import Any
 
 import polars as pl
 
-from stepscope.analysis.attribution import Attribution, component_changes, rank_attribution
-from stepscope.analysis.baselines import DroppedBaseline, drop_before_shift
-from stepscope.analysis.metric_tests import (
+from stepscope.analysis.frames.steady import (
+    METRICS,
+    JobLevels,
+    detect_warmup,
+    job_levels,
+    job_metrics,
+)
+from stepscope.analysis.regression.attribution import (
+    Attribution,
+    component_changes,
+    rank_attribution,
+)
+from stepscope.analysis.regression.baselines import DroppedBaseline, drop_before_shift
+from stepscope.analysis.regression.metric_tests import (
     CheckConfig,
     MetricTest,
     MetricVerdict,
@@ -40,9 +51,8 @@ from stepscope.analysis.metric_tests import (
     decide,
     weighted_holm,
 )
+from stepscope.analysis.regression.share_tests import decide_share, share_test
 from stepscope.analysis.rollups import step_rollup, with_compute
-from stepscope.analysis.share_tests import decide_share, share_test
-from stepscope.analysis.steady import METRICS, JobLevels, detect_warmup, job_levels, job_metrics
 from stepscope.schema import GOODPUT_METRICS
 
 __all__ = [

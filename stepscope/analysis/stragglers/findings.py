@@ -5,7 +5,7 @@ Each channel is a per-step metric compared across ranks: `compute` (compute_s), 
 (data_s) and `communication` (when the rank's collectives finished, relative to the step
 start: ready time + collective busy time; the peers of a slow-to-arrive rank wait inside
 the collective but finish when it does, so only a slow transfer stands out). Per step, a
-rank's residual is its value minus the median over ranks; stepscope.analysis.rank_levels
+rank's residual is its value minus the median over ranks; stepscope.analysis.stragglers.rank_levels
 finds the stretches of `min_steps` steps or more where a rank's residuals are significantly
 higher than its own level elsewhere, by at least `min_effect` of the peers' metric (or,
 slow throughout, higher than the ranks' spread by `min_offset`), and by `min_step_share` of
@@ -34,16 +34,16 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from stepscope.analysis.communication.groups import pipeline_stage
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.grid import (
+from stepscope.analysis.frames.grid import (
     Ints,
     Matrix,
     column_sample,
     nanmedian,
     rank_median,
 )
-from stepscope.analysis.groups import pipeline_stage
-from stepscope.analysis.rank_levels import Thresholds, slow_stretches
+from stepscope.analysis.stragglers.rank_levels import Thresholds, slow_stretches
 from stepscope.schema import Cause, Finding, FindingKind
 
 Channel = Literal["compute", "data", "communication"]
@@ -105,7 +105,8 @@ class StragglerInput:
     gpu_evidence: BatchEvidence | None = None
     comm_evidence: Evidence | None = None
     group_evidence: Evidence | None = None
-    """The process group whose peers waited for the rank most (stepscope.analysis.groups)."""
+    """The process group whose peers waited for the rank most
+    (stepscope.analysis.communication.groups)."""
     meshes: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     """rank -> its DeviceMesh coordinates {dim: [coordinate, size]}, where known."""
 

@@ -1,6 +1,6 @@
 """A job's steady state: per-step job metrics, where warm-up ends, and robust job levels.
 
-The regression gate (stepscope.analysis.regression) treats each job as one sample: its
+The regression gate (stepscope.analysis.regression.gate) treats each job as one sample: its
 level is the log of a trimmed mean over the steps after warm-up. Steps inside a job are
 autocorrelated, so they are not independent samples; they only give the level and its own
 standard error (by batch means, which respect that autocorrelation).
@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from stepscope.analysis.robust import mad_sigma
+from stepscope.analysis.stats.robust import mad_sigma
 
 Floats = NDArray[np.float64]
 

@@ -37,7 +37,7 @@ from statistics import NormalDist
 import numpy as np
 from numpy.typing import NDArray
 
-from stepscope.analysis.robust import MAD_TO_SIGMA, mad_sigma
+from stepscope.analysis.stats.robust import MAD_TO_SIGMA, mad_sigma
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]

@@ -13,8 +13,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stepscope.analysis.steady import COMPONENTS, HIGHER_IS_BETTER, METRICS, THROUGHPUT, JobLevels
-from stepscope.analysis.student_t import t_ppf, t_sf
+from stepscope.analysis.frames.steady import (
+    COMPONENTS,
+    HIGHER_IS_BETTER,
+    METRICS,
+    THROUGHPUT,
+    JobLevels,
+)
+from stepscope.analysis.stats.student_t import t_ppf, t_sf
 from stepscope.schema import GOODPUT_METRICS
 
 Outcome = Literal["pass", "regression", "inconclusive"]
@@ -26,7 +32,7 @@ Floats = np.ndarray[Any, np.dtype[np.float64]]
 @dataclass(kw_only=True, slots=True)
 class CheckConfig:
     metrics: tuple[str, ...] = METRICS
-    """Metrics tested (stepscope.analysis.steady.METRICS, and the shares of
+    """Metrics tested (stepscope.analysis.frames.steady.METRICS, and the shares of
     stepscope.schema.GOODPUT_METRICS when asked for)."""
     alpha: float = 0.01
     """Family-wise false-fail rate over all metrics tested."""

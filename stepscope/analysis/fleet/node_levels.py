@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from stepscope.analysis.robust import MAD_TO_SIGMA
+from stepscope.analysis.stats.robust import MAD_TO_SIGMA
 from stepscope.schema import compact_ranks
 
 MEDIAN_SE = math.sqrt(math.pi / 2)

@@ -40,7 +40,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from stepscope.analysis.robust import MAD_TO_SIGMA
+from stepscope.analysis.stats.robust import MAD_TO_SIGMA
 
 Floats = NDArray[np.float64]
 _PHI = NormalDist()

@@ -1,6 +1,6 @@
 """What a change between jobs is made of: time components and ranks.
 
-Components are the critical-path parts of the job's step (stepscope.analysis.steady
+Components are the critical-path parts of the job's step (stepscope.analysis.frames.steady
 .job_metrics): each one's change in seconds and its share of the summed change. Ranks say
 whether the change is spread over the job or sits on some ranks or a node (a new straggler):
 each rank's own work (data_s + compute_s: what it does before it joins the collective) in
@@ -17,8 +17,8 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.robust import mad_sigma
-from stepscope.analysis.steady import COMPONENTS
+from stepscope.analysis.frames.steady import COMPONENTS
+from stepscope.analysis.stats.robust import mad_sigma
 
 RankScope = Literal["spread", "ranks", "node"]
 _MIN_RANKS_FOR_SPREAD = 5

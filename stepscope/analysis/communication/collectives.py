@@ -19,8 +19,8 @@ import polars as pl
 from numpy.typing import NDArray
 
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.grid import Grid, Ints, Matrix, nanmedian
-from stepscope.analysis.runs import offset, onset, runs
+from stepscope.analysis.frames.grid import Grid, Ints, Matrix, nanmedian
+from stepscope.analysis.stats.runs import offset, onset, runs
 from stepscope.schema import DEFAULT_GROUP, Finding, busbw_factor, group_label
 
 _MAX_BYTES_RANKS = 64

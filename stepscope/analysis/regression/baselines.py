@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from stepscope.analysis.steady import COMPONENTS, JobLevels
-from stepscope.analysis.student_t import t_sf
+from stepscope.analysis.frames.steady import COMPONENTS, JobLevels
+from stepscope.analysis.stats.student_t import t_sf
 
 MIN_SEGMENT_JOBS = 2
 """Fewest jobs on each side of a shift."""

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.causes import with_causes
-from stepscope.analysis.collectives import (
+from stepscope.analysis.communication.collectives import (
     CommEvidence,
     OpGrid,
     finish_times,
@@ -27,15 +26,16 @@ from stepscope.analysis.collectives import (
     slow_collective_findings,
     transfer_times,
 )
+from stepscope.analysis.communication.groups import GroupEvidence
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.dataloader import dataloader_findings
-from stepscope.analysis.grid import Grid, Ints, Matrix, column_sample, rank_median
-from stepscope.analysis.groups import GroupEvidence
+from stepscope.analysis.data.stalls import dataloader_findings
+from stepscope.analysis.frames.grid import Grid, Ints, Matrix, column_sample, rank_median
 from stepscope.analysis.rollups import op_rollup, step_rollup
-from stepscope.analysis.segments import SegmentPlan, stitch
-from stepscope.analysis.stragglers import Channel, StragglerInput, straggler_findings
-from stepscope.analysis.telemetry import GpuEvidence, GpuSource
-from stepscope.analysis.throughput import rollup_series, series_findings
+from stepscope.analysis.stragglers.findings import Channel, StragglerInput, straggler_findings
+from stepscope.analysis.stragglers.segments import SegmentPlan, stitch
+from stepscope.analysis.stragglers.telemetry import GpuEvidence, GpuSource
+from stepscope.analysis.throughput.causes import with_causes
+from stepscope.analysis.throughput.findings import rollup_series, series_findings
 from stepscope.schema import COLLECTIVES, Finding
 
 _STEP_COLUMNS = (
@@ -76,7 +76,7 @@ def analyze(
     columns needed. A rank's node comes from a `node` column of `steps` or from `ranks`, its
     DeviceMesh coordinates (a straggler's pipeline stage) from the `mesh` column of `ranks`.
     Job-level findings come from the job's rollups, rank-level ones segment by segment
-    (stepscope.analysis.segments), as the server's incremental analysis does.
+    (stepscope.analysis.stragglers.segments), as the server's incremental analysis does.
     """
     config = config or AnalysisConfig()
     job_id = _job_id(steps, job)
@@ -143,7 +143,8 @@ def segment_findings(
     meshes: Meshes | None = None,
     config: AnalysisConfig,
 ) -> list[Finding]:
-    """The rank findings segment k owns (stepscope.analysis.segments), from its span's rows."""
+    """The rank findings segment k owns (stepscope.analysis.stragglers.segments), from its
+    span's rows."""
     found = _rank_findings(job_id, rows, gpu, nodes=nodes, meshes=meshes, config=config)
     return plan.owned(k, found)
 

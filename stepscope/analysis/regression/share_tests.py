@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from stepscope.analysis.metric_tests import (
+from stepscope.analysis.regression.metric_tests import (
     CheckConfig,
     MetricTest,
     MetricVerdict,

@@ -9,8 +9,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stepscope.analysis.config import AnalysisConfig
-from stepscope.analysis.grid import Ints, Matrix
-from stepscope.analysis.runs import offset, onset, runs
+from stepscope.analysis.frames.grid import Ints, Matrix
+from stepscope.analysis.stats.runs import offset, onset, runs
 from stepscope.schema import Finding
 
 

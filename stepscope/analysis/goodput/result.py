@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.goodput_time import Ledger, default_window_s, window_edges, windowed
+from stepscope.analysis.goodput.timeline import Ledger, default_window_s, window_edges, windowed
 from stepscope.schema import GOODPUT_CATEGORIES
 
 

@@ -13,8 +13,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.changepoints import ChangePoint, ChangePointConfig, detect_change_points
 from stepscope.analysis.rollups import mfu, step_rollup
+from stepscope.analysis.stats.changepoints import (
+    ChangePoint,
+    ChangePointConfig,
+    detect_change_points,
+)
 from stepscope.schema import Finding, FindingKind, Severity
 
 _WORK_COLUMNS = ("tokens", "samples", "flops")

@@ -1,0 +1,1 @@
+"""Deep captures: a torch.profiler trace read for its top operators."""

@@ -1,0 +1,1 @@
+"""The input pipeline: data-bound jobs and ranks."""

@@ -1,0 +1,1 @@
+"""Fleet health: each node's own effect on step time, separated from its jobs'."""

@@ -1,0 +1,1 @@
+"""Goodput (docs/goodput.md): where every GPU-second of a job went, across incarnations."""

@@ -1,0 +1,1 @@
+"""Hangs: who holds the job up, in which collective, and why."""

@@ -1,0 +1,1 @@
+"""The CI regression gate's statistics: baselines, per-metric and share tests, attribution."""

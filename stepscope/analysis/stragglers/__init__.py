@@ -1,0 +1,3 @@
+"""Stragglers: ranks slower than their peers, the test that finds them, segments of long jobs, and
+the evidence.
+"""

@@ -1,0 +1,1 @@
+"""Job throughput and MFU per step, their change points, and what caused them."""
