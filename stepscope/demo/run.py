@@ -16,15 +16,17 @@ from stepscope.demo.job import Progress as JobProgress
 from stepscope.demo.job import TrainPlan, run_training, torchrun_command
 from stepscope.demo.server import DemoServer, start_server
 from stepscope.pipeline.job_pass import analyze_stored_job
+from stepscope.query.fleet import NodeFilters, list_nodes
 from stepscope.query.goodput import job_goodput
 from stepscope.schema import Finding
 from stepscope.store import jobs
 from stepscope.store.findings import load_findings
+from stepscope.synthetic.fleet import slow_node_names
 from stepscope.text import labels
 from stepscope.text.finding_groups import folded_lines, grouped
 from stepscope.text.findings import finding_line, subject
 from stepscope.text.goodput import top_badput
-from stepscope.text.numbers import seconds, share
+from stepscope.text.numbers import seconds, share, signed_share
 
 FINISH_WAIT_S = 30.0
 """How long the job's final status may take to arrive after torchrun exits."""
@@ -208,8 +210,25 @@ def _load_extras(server: DemoServer, job_id: str, console: Console) -> None:
     with console.status("loading a synthetic fleet"):
         num_jobs = extras.load_fleet(engine)
     fleet = f"{extras.FLEET.num_jobs} jobs on {extras.FLEET.num_nodes} nodes"
-    slow = f"{len(extras.FLEET.slow_nodes)} of them slow (stepscope nodes --suspect, /fleet)"
+    slowed = slow_node_names(extras.FLEET)
+    made_slow = ", ".join(f"{node} {signed_share(effect, 0)}" for node, effect in slowed.items())
     if num_jobs:
-        console.print(f"loaded a synthetic fleet: {fleet}, {slow}")
+        console.print(
+            f"loaded a synthetic fleet: {fleet}, {len(slowed)} of them made slow ({made_slow})",
+            highlight=False,
+        )
     else:
         console.print(f"the synthetic fleet ({fleet}) is in this database already")
+    _print_fleet_health(engine, console)
+
+
+def _print_fleet_health(engine: sa.Engine, console: Console) -> None:
+    """The suspects as the Fleet page and `stepscope nodes --suspect` show them (one query)."""
+    page = list_nodes(engine, NodeFilters(suspect=True))
+    named = [f"{n['node']} {signed_share(n['effect'], 0)}" for n in page.nodes]
+    console.print(
+        f"fleet health (/fleet, stepscope nodes --suspect): {page.num_suspects} suspect "
+        f"node(s) of {page.num_nodes} in {page.num_jobs} jobs"
+        + (f": {', '.join(named)}" if named else ""),
+        highlight=False,
+    )

@@ -21,6 +21,7 @@ from stepscope.analysis.regression.gate import CheckResult
 from stepscope.check import outputs
 from stepscope.report.collect import ReportData
 from stepscope.text import labels
+from stepscope.text.findings import cause_text
 from stepscope.text.numbers import UNKNOWN, integer, rate, seconds, share, signed_share, value, when
 
 MAX_RANK_ROWS = 32
@@ -232,7 +233,7 @@ def _findings(data: ReportData) -> str:
             ",".join(map(str, f.ranks)),
             f.node or "",
             steps,
-            labels.cause(f.cause, long=True) if f.cause else "",
+            cause_text(f) or "",
             f.metric or "",
             signed_share(f.effect) if f.effect is not None else "",
         ]

@@ -274,11 +274,19 @@ def finding_text(f: Finding) -> FindingText:
         node=f.node,
         stage=_stage(f),
         when=steps(f),
-        cause=labels.cause(f.cause, long=True) if f.cause else None,
+        cause=cause_text(f),
         effect=_effect(f),
         cost=None if cost is None else f"costs the job {cost:.1%} of its step time",
         evidence=evidence_lines(f),
     )
+
+
+def cause_text(f: Finding) -> str | None:
+    """The finding's cause in words: slower compute is on the rank's GPU only when the
+    evidence holds that GPU's telemetry (`evidence["gpu"]`; a CPU job has none)."""
+    if not f.cause:
+        return None
+    return labels.cause(f.cause, long=True, on_gpu=bool((f.evidence or {}).get("gpu")))
 
 
 def subject(f: Finding | FindingText) -> str:

@@ -37,7 +37,7 @@ HANG_CLASSES: dict[HangClass, Label] = {
 }
 CAUSES: dict[Cause, Label] = {
     "data": Label("data", "waiting for data (the input pipeline)"),
-    "compute": Label("compute", "slower compute on its GPU"),
+    "compute": Label("compute", "slower compute"),
     "communication": Label("communication", "slower collectives (network or NVLink)"),
     "gpu_throttling": Label("gpu_throttling", "a throttled GPU (clocks held down)"),
     "host": Label("host", "the host (CPU, memory or OS)"),
@@ -108,11 +108,14 @@ def kind(name: str, *, long: bool = False) -> str:
     return label.long if long else label.short
 
 
-def cause(name: str, *, long: bool = False) -> str:
-    """A cause's label (its name when unknown)."""
+def cause(name: str, *, long: bool = False, on_gpu: bool = False) -> str:
+    """A cause's label (its name when unknown); the long one of compute says "on its GPU"
+    with `on_gpu` (the rank's GPU was measured), else not where it ran."""
     label = CAUSES.get(cast(Cause, name))
     if label is None:
         return name
+    if long and on_gpu and name == "compute":
+        return f"{label.long} on its GPU"
     return label.long if long else label.short
 
 

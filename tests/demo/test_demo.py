@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from stepscope.demo import extras
 from stepscope.demo.job import TrainPlan
+from stepscope.synthetic.fleet import slow_node_names
 from tests.live_server import ServerProcess, free_port
 from tests.support import require_torchrun
 
@@ -59,6 +61,10 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
     )
     assert re.search(r"goodput\s+\d+\.\d% of \d+ GPU-s", out)
     assert "1,024 ranks x 100 steps" in out
+    made_slow = re.search(r"loaded a synthetic fleet: .*, (\d+) of them made slow", out)
+    suspected = re.search(r"fleet health \(.*\): (\d+) suspect node\(s\)", out)
+    assert made_slow is not None, out[-2000:]
+    assert suspected is not None, out[-2000:]
     dashboard = re.search(r"Dashboard: http://127\.0\.0\.1:\d+/jobs/(demo-[\d-]+)\n", out)
     assert dashboard is not None
     job_id = dashboard[1]
@@ -75,6 +81,12 @@ def test_the_demo_names_the_injected_trouble_of_a_real_job(tmp_path: Path) -> No
         assert by_id[f"{job_id}-synthetic-1024"]["world_size"] == 1024
         assert sum(j.startswith("demo-fleet-") for j in by_id) == 40
         assert len(by_id) == 42  # and nothing else
+
+        # The fleet the demo said it loaded is the one fleet health (the Fleet page) shows.
+        suspects = client.get("/api/v1/nodes", params={"suspect": True}).json()
+        num_slow = len(extras.FLEET.slow_nodes)
+        assert int(made_slow[1]) == int(suspected[1]) == suspects["num_suspects"] == num_slow
+        assert {n["node"] for n in suspects["nodes"]} == set(slow_node_names(extras.FLEET))
 
         findings = client.get(f"/api/v1/jobs/{job_id}/findings").json()
         slow = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stepscope.text.findings import (
+    cause_text,
     evidence_lines,
     finding_line,
     finding_text,
@@ -18,12 +19,23 @@ def test_findings_in_plain_words() -> None:
     assert text.title == "Straggler rank"
     assert subject(text) == "rank 5 on node-0001"
     assert text.when == "since step 20 (ongoing)"
-    assert text.cause == "slower compute on its GPU"
+    assert text.cause == "slower compute"
     assert text.effect == "step time +30.0% (650 ms against 500 ms expected)"
     assert text.cost == "costs the job 23.1% of its step time"
     assert text.evidence[0] == (
         "Its median compute is 620 ms per step against 470 ms on the other ranks."
     )
+
+
+def test_compute_is_said_to_run_on_a_gpu_only_where_the_ranks_gpu_was_measured() -> None:
+    measured = {"samples": 30, "sm_clock_mhz": {"rank": 1980.0, "peers": 1980.0}}
+    on_gpu = straggler(evidence={**straggler().evidence, "gpu": measured})
+    on_cpu = straggler()  # a CPU job: no GPU telemetry, no "gpu" evidence
+    assert finding_text(on_gpu).cause == "slower compute on its GPU"
+    assert finding_text(on_cpu).cause == "slower compute"
+    assert cause_text(straggler(evidence={**straggler().evidence, "gpu": {}})) == "slower compute"
+    data = straggler(cause="data", evidence={**straggler().evidence, "gpu": measured})
+    assert cause_text(data) == "waiting for data (the input pipeline)"
 
 
 def test_evidence_says_what_a_straggler_costs_and_what_caused_a_change() -> None:

@@ -38,6 +38,9 @@ def test_labels_short_and_long() -> None:
     assert labels.component("comm_wait_s") == "comm wait"
     assert labels.component("comm_wait_s", long=True) == "waiting on collectives"
     assert labels.cause("data", long=True) == "waiting for data (the input pipeline)"
+    assert labels.cause("compute", long=True) == "slower compute"
+    assert labels.cause("compute", long=True, on_gpu=True) == "slower compute on its GPU"
+    assert labels.cause("compute", on_gpu=True) == "compute"
     assert labels.kind("new_kind") == "new kind"  # a newer server's kind, still readable
     assert labels.throttle_reasons(0x4 | 0x40) == [
         "software power cap",
