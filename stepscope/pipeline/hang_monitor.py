@@ -35,14 +35,19 @@ class HangView:
     num_reports: int
 
 
-def _state(
-    job_id: str, rows: list[dict[str, Any]], silent_after_s: float, resumed_ts: float | None
+def _attribute(
+    job_id: str,
+    reports: list[RankReport],
+    silent_after_s: float,
+    ended: hang_reports.HangEnd | None,
 ) -> HangState:
+    """The job's hang state, without the reports that belong to its last closed hang."""
     return attribute_hang(
         job_id,
-        [RankReport.of(row) for row in rows],
+        reports,
         silent_after_s=silent_after_s,
-        ignore_hangs_before_ts=resumed_ts,
+        ignore_hangs_before_ts=ended.clock_ts if ended else None,
+        ignore_stalls_before_ts=ended.resumed_ts if ended else None,
     )
 
 
@@ -51,10 +56,10 @@ def current_hang(engine: sa.Engine, job_id: str, *, silent_after_s: float) -> Ha
     with engine.connect() as conn:
         rows = hang_reports.load_reports(conn, job_id)
         stored = hang_reports.open_hang(conn, job_id)
-        resumed_ts = hang_reports.last_resumed_ts(conn, job_id)
+        ended = hang_reports.last_hang_end(conn, job_id)
     if not rows and stored is None:
         return None
-    state = _state(job_id, rows, silent_after_s, resumed_ts)
+    state = _attribute(job_id, [RankReport.of(row) for row in rows], silent_after_s, ended)
     return HangView(
         finding=stored.finding if stored else None,
         finding_id=stored.id if stored else None,
@@ -83,7 +88,8 @@ class HangMonitor:
         self._dirty: dict[str, float] = {}
         """Job → when its next attribution is due (monotonic)."""
         self._last_run: dict[str, float] = {}
-        self._resumed_ts: dict[str, float | None] = {}
+        self._ended: dict[str, hang_reports.HangEnd | None] = {}
+        """Job → how its last closed hang ended."""
         self._open: dict[str, hang_reports.StoredHang | None] = {}
         """Job → its open hang finding (this thread alone writes hang findings)."""
         self._reports: dict[str, dict[int, RankReport]] = {}
@@ -186,18 +192,13 @@ class HangMonitor:
         hang finding after it (None when there is none)."""
         offered: schema.Finding | None = None
         with self._engine.begin() as conn:
-            if job_id not in self._resumed_ts:
-                self._resumed_ts[job_id] = hang_reports.last_resumed_ts(conn, job_id)
+            if job_id not in self._ended:
+                self._ended[job_id] = hang_reports.last_hang_end(conn, job_id)
             if job_id not in self._reports:
                 rows = hang_reports.load_reports(conn, job_id)
                 self._reports[job_id] = {row["rank"]: RankReport.of(row) for row in rows}
             reports = list(self._reports[job_id].values())
-            state = attribute_hang(
-                job_id,
-                reports,
-                silent_after_s=self._silent_after_s,
-                ignore_hangs_before_ts=self._resumed_ts[job_id],
-            )
+            state = _attribute(job_id, reports, self._silent_after_s, self._ended[job_id])
             if job_id not in self._open:
                 self._open[job_id] = hang_reports.open_hang(conn, job_id)
             stored = self._open[job_id]
@@ -241,7 +242,9 @@ class HangMonitor:
         back = [r for r in reports if resumed(r, first_step=old.first_step, opened_ts=opened_ts)]
         if back or not state.hanging:
             progress = [r.last_progress_ts or r.ts for r in back] or [
-                r.last_progress_ts or r.ts for r in reports if r.kind == "heartbeat"
+                r.last_progress_ts or r.ts
+                for r in reports
+                if r.kind == "heartbeat" and r.ts > opened_ts
             ]
             clock_ts = max(r.ts for r in reports)
             resumed_ts = min(progress) if progress else clock_ts
@@ -259,8 +262,9 @@ class HangMonitor:
                 },
             )
             hang_reports.save_hang(conn, closed, stored.id)
-            # Hang reports made before this moment (the job's clock) belong to this hang.
-            self._resumed_ts[old.job_id] = clock_ts
+            # Hang reports made before this moment (the job's clock), or of a stall that
+            # began before progress resumed, belong to this hang: one stall, one finding.
+            self._ended[old.job_id] = hang_reports.HangEnd(clock_ts, resumed_ts)
             return None, None
         if state.finding is None:
             return old, None

@@ -71,15 +71,27 @@ def open_hang(conn: sa.Connection, job_id: str) -> StoredHang | None:
     return found[-1] if found else None
 
 
-def last_resumed_ts(conn: sa.Connection, job_id: str) -> float | None:
-    """The job's clock when its last hang was closed: hang reports before it are stale."""
-    times = [
-        h.finding.evidence.get("closed_clock_ts", h.finding.evidence.get("resumed_ts"))
-        for h in hang_findings(conn, job_id)
-        if not is_open(h.finding)
-    ]
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
+@dataclass(frozen=True, slots=True)
+class HangEnd:
+    """How the job's last hang ended: hang reports made before `clock_ts`, or of a stall
+    that began before `resumed_ts`, are that hang's."""
+
+    clock_ts: float
+    """The job's clock (its newest report) when the hang was closed."""
+    resumed_ts: float
+    """When progress resumed."""
+
+
+def last_hang_end(conn: sa.Connection, job_id: str) -> HangEnd | None:
+    """How the job's last closed hang ended; None when none was closed."""
+    ends = []
+    for h in hang_findings(conn, job_id):
+        evidence = h.finding.evidence or {}
+        resumed_ts = evidence.get("resumed_ts")
+        clock_ts = evidence.get("closed_clock_ts", resumed_ts)
+        if not is_open(h.finding) and clock_ts is not None:
+            ends.append(HangEnd(clock_ts, resumed_ts if resumed_ts is not None else clock_ts))
+    return max(ends, key=lambda e: e.clock_ts) if ends else None
 
 
 def save_hang(conn: sa.Connection, finding: schema.Finding, finding_id: int | None) -> int:

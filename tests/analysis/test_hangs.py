@@ -259,6 +259,55 @@ def test_stale_hang_reports_after_the_hang_ended_are_ignored() -> None:
     assert not state.hanging
 
 
+def test_a_stall_that_began_before_the_hang_ended_is_that_hangs() -> None:
+    # Rank 3 froze at step 24 (its last progress TS); progress resumed at TS + 10.25 and its
+    # peers' heartbeats of step 25 closed the hang (the job's clock TS + 10.3). Its watchdog,
+    # thawed, looked before its training thread moved on: its report of that stall is made
+    # after the heartbeats, while its peers wait for it in the next all_reduce.
+    layout = Layout(dp=4, tp=1, pp=1)
+    blocked = {"group": layout.dp_group(0), "op": "all_reduce", "seq": 26, "since_ts": TS + 10.25}
+    peers = [
+        report(
+            layout,
+            "j",
+            r,
+            ts=TS + 10.3,
+            kind="heartbeat",
+            step=25,
+            seqs=dict.fromkeys(("tp", "dp", "pp"), (26, 25)),
+            blocked=blocked,
+            stalled_s=0.05,
+        )
+        for r in range(3)
+    ]
+    old = dict.fromkeys(("tp", "dp", "pp"), (24, 24))
+    thawed = report(
+        layout,
+        "j",
+        3,
+        ts=TS + 10.4,
+        kind="hang",
+        step=24,
+        seqs=old,
+        stack=DATA_STACK,
+        stalled_s=10.4,
+    )
+    ended = {"ignore_hangs_before_ts": TS + 10.3, "ignore_stalls_before_ts": TS + 10.25}
+
+    state = attribute_hang("j", latest(peers, [thawed]), silent_after_s=4.0, **ended)
+
+    assert not state.hanging
+    assert state.finding is None
+
+    # A stall that began after progress resumed is a new hang, named once its peers wait.
+    again = {**thawed, "ts": TS + 12.5, "last_progress_ts": TS + 10.3, "stalled_s": 2.2}
+    waiting = [{**p, "ts": TS + 12.6, "kind": "hang", "stalled_s": 2.35} for p in peers]
+    state = attribute_hang("j", latest(waiting, [again]), silent_after_s=4.0, **ended)
+
+    assert state.finding is not None
+    assert (state.finding.ranks, state.finding.evidence["class"]) == ([3], "never_entered")
+
+
 def test_resumed_needs_a_later_heartbeat_past_the_hung_step() -> None:
     layout = LAYOUTS[16]
     seqs = dict.fromkeys(("tp", "dp", "pp"), (100, 100))

@@ -6,6 +6,8 @@ all_gather where its peers call all_reduce (the job then hangs until the test en
 `--scenario pipeline` (3 ranks): GPipe stages; stage 1 stalls in its forward for good.
 `--scenario stall` (benchmarks/hang_detection.py): steps of --step-s; rank 2 stalls in its data
 loader for good at step 10.
+`--scenario stop` (2 ranks): rank 1 stops itself with SIGSTOP at step 8 (the test sends SIGCONT),
+and the job runs to its end.
 Each rank writes {when each stall began, its pid} to OUT/rank{r}.json as it goes.
 """
 
@@ -35,6 +37,7 @@ FREEZE_AT, FREEZE_RANK = 24, 3
 MISMATCH_AT, MISMATCH_RANK = 32, 1
 PIPELINE_STALL_AT, PIPELINE_STALL_STAGE = 8, 1
 STALL_AT = 10
+STOP_AT, STOP_RANK, STOP_NUM_STEPS = 8, 1, 16
 
 
 class Marks:
@@ -115,6 +118,20 @@ def stall_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, step_s: fl
             dist.all_reduce(torch.ones(64))
 
 
+def stop_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, num_steps: int) -> None:
+    """Steps of STEP_S (one all_reduce each); rank STOP_RANK stops itself in the forward of
+    step STOP_AT until the test sends SIGCONT."""
+    for step in range(num_steps):
+        with prof.step():
+            with prof.section("forward"):
+                time.sleep(STEP_S)
+                if step == STOP_AT and rank == STOP_RANK:
+                    marks.mark("freeze")
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    marks.mark("thawed")
+            dist.all_reduce(torch.ones(64))
+
+
 def stage_stalls_in_its_forward(seconds: float) -> None:
     time.sleep(seconds)
 
@@ -162,7 +179,7 @@ def pipeline_scenario(prof: stepscope.Profiler, rank: int, marks: Marks, num_ste
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--scenario", choices=("main", "pipeline", "stall"), required=True)
+    p.add_argument("--scenario", choices=("main", "pipeline", "stall", "stop"), required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--step-s", type=float, default=1.0, help="the stall scenario's step time")
@@ -178,6 +195,8 @@ def main() -> None:
         main_scenario(prof, rank, marks, args.steps)
     elif args.scenario == "stall":
         stall_scenario(prof, rank, marks, args.step_s)
+    elif args.scenario == "stop":
+        stop_scenario(prof, rank, marks, args.steps)
     else:
         pipeline_scenario(prof, rank, marks, args.steps)
     marks.mark("done")

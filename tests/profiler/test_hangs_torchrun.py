@@ -2,10 +2,13 @@
 the `hang` finding, and each test checks whom it names and how long after the stall it was
 stored (printed, and bounded generously: a loaded machine must not fail it).
 
-Two launches serve every case: tests/profiler/hang_job.py's `main` scenario (4 ranks: a slow
+Three launches serve every case: tests/profiler/hang_job.py's `main` scenario (4 ranks: a slow
 first step, a checkpoint phase, a data-loader sleep, SIGSTOP/SIGCONT, a mismatched
-collective) and its `pipeline` scenario (3 GPipe stages, one stalls) run under `stepscope run
---on-hang dump-and-exit`.
+collective), its `pipeline` scenario (3 GPipe stages, one stalls) run under `stepscope run
+--on-hang dump-and-exit`, and its `stop` scenario (2 ranks, one stopped past its threshold)
+run under `stepscope run`, which signals silent ranks for their stacks.
+
+One stall of one rank is one hang finding, whatever the rank does as it comes back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from stepscope.profiler.hangs.dump_watcher import is_stopped
 from tests.live_server import RunningServer, read_rows, run_server
 from tests.profiler import hang_job
 from tests.support import require_torchrun
@@ -40,6 +45,9 @@ STALL_TO_FINDING_BOUND_S = 20.0
 """The bound on stall → stored finding the tests assert: the threshold plus a report, an
 attribution and generous room for a loaded machine (the measured times are printed)."""
 LAUNCH_TIMEOUT_S = 240.0
+STOPPED_S = 8.0
+"""How long the `stop` scenario keeps its rank stopped, at least: past its threshold and the 2 s
+after it at which a rank's in-process timer used to dump its stacks."""
 
 
 @dataclass(slots=True)
@@ -82,8 +90,16 @@ def read_marks(out: Path, num_ranks: int) -> dict[int, dict[str, float]]:
 
 
 def start(
-    server: RunningServer, scenario: str, nproc: int, out: Path, job_id: str, *, on_hang: bool
+    server: RunningServer,
+    scenario: str,
+    nproc: int,
+    out: Path,
+    job_id: str,
+    *,
+    stepscope_run: list[str] | None = None,
+    job_args: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
+    """Launch the scenario with torchrun, under `stepscope run [stepscope_run] --` unless None."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
     env.update(
         OMP_NUM_THREADS="1",
@@ -93,11 +109,10 @@ def start(
     )
     torchrun = [require_torchrun(), "--standalone", f"--nproc_per_node={nproc}"]
     script = [str(Path(hang_job.__file__)), "--scenario", scenario, "--out", str(out)]
-    script += ["--hang-after-s", str(HANG_AFTER_S), "--heartbeat-s", str(HEARTBEAT_S)]
+    script += ["--hang-after-s", str(HANG_AFTER_S), "--heartbeat-s", str(HEARTBEAT_S), *job_args]
     cmd = [*torchrun, *script]
-    if on_hang:
-        cmd = [sys.executable, "-m", "stepscope.cli", "run", "--on-hang", "dump-and-exit", "--"]
-        cmd += [*torchrun, *script]
+    if stepscope_run is not None:
+        cmd = [sys.executable, "-m", "stepscope.cli", "run", *stepscope_run, "--", *cmd]
     return subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -150,7 +165,7 @@ def main_run(hang_server: RunningServer, tmp_path_factory: pytest.TempPathFactor
     mismatched collective is named."""
     out = tmp_path_factory.mktemp("hang-main")
     run = Run(job_id="hang-main", out_dir=out)
-    proc = start(hang_server, "main", 4, out, run.job_id, on_hang=False)
+    proc = start(hang_server, "main", 4, out, run.job_id)
 
     def has(hang_class: str, num_ranks_seen: int = 0) -> bool:
         """A stored finding of the class whose ranks by state count `num_ranks_seen` ranks
@@ -315,6 +330,27 @@ def test_no_hang_on_a_slow_first_step_a_checkpoint_phase_or_clean_steps(main_run
     assert main_run.marks[0]["slow_first_step"] < first_injected
 
 
+def naming(run: Run, rank: int) -> list[dict[str, Any]]:
+    """The stored hang findings that name `rank`."""
+    return [f for f in run.findings if rank in f["ranks"]]
+
+
+def test_a_rank_stopped_and_resumed_is_one_hang(main_run: Run) -> None:
+    # Named silent while stopped; what it reports as it thaws (the stall it lived through,
+    # possibly after its peers' heartbeats closed the hang) adds no second finding.
+    [finding] = naming(main_run, hang_job.FREEZE_RANK)
+    assert finding["evidence"]["class"] == "silent"
+    assert finding["first_step"] == hang_job.FREEZE_AT
+    assert finding["evidence"]["closed_at"] is not None
+
+
+def test_a_rank_entering_late_is_one_hang(main_run: Run) -> None:
+    [finding] = naming(main_run, hang_job.DATA_STALL_RANK)
+    assert finding["evidence"]["class"] == "never_entered"
+    assert finding["first_step"] == hang_job.DATA_STALL_AT
+    assert finding["evidence"]["closed_at"] is not None
+
+
 # ---- a pipeline stage stalls; `stepscope run --on-hang dump-and-exit` ends the job -----------
 
 
@@ -322,7 +358,9 @@ def test_no_hang_on_a_slow_first_step_a_checkpoint_phase_or_clean_steps(main_run
 def pipeline_run(hang_server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = tmp_path_factory.mktemp("hang-pipeline")
     run = Run(job_id="hang-pipeline", out_dir=out)
-    proc = start(hang_server, "pipeline", 3, out, run.job_id, on_hang=True)
+    proc = start(
+        hang_server, "pipeline", 3, out, run.job_id, stepscope_run=["--on-hang", "dump-and-exit"]
+    )
     try:
         out_text, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         run.returncode, run.output, run.ended_at = proc.returncode, out_text, time.time()
@@ -371,3 +409,73 @@ def test_on_hang_dump_and_exit_dumps_the_flight_recorders_and_ends_the_job(
     ended_s = pipeline_run.ended_at - pipeline_run.findings[0]["detected_at"]
     say(f"on-hang: {len(dumps)} flight recorder dumps; job ended {ended_s:.1f} s after the finding")
     assert 0 < ended_s <= 60
+
+
+def test_a_rank_that_never_enters_is_one_hang(pipeline_run: Run) -> None:
+    [finding] = naming(pipeline_run, hang_job.PIPELINE_STALL_STAGE)
+    assert finding["evidence"]["class"] == "never_entered"
+    assert finding["first_step"] == hang_job.PIPELINE_STALL_AT
+    assert len(pipeline_run.findings) == 1
+
+
+# ---- a rank stopped past its threshold under `stepscope run` (a dump directory) resumes -------
+
+
+@pytest.fixture(scope="module")
+def stop_run(hang_server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """2 ranks under `stepscope run`: rank 1 stopped for STOPPED_S (and until the server named
+    it), then resumed; the job runs to its end."""
+    out = tmp_path_factory.mktemp("hang-stop")
+    run = Run(job_id="hang-stop", out_dir=out)
+    steps = ("--steps", str(hang_job.STOP_NUM_STEPS))
+    proc = start(hang_server, "stop", 2, out, run.job_id, stepscope_run=[], job_args=steps)
+    rank = hang_job.STOP_RANK
+
+    def stopped() -> bool:
+        marks = read_marks(out, 2)[rank]
+        return "freeze" in marks and is_stopped(int(marks["pid"]))
+
+    try:
+        wait_for("rank 1 stopped", stopped, proc)
+        time.sleep(STOPPED_S)
+        wait_for(
+            "the stopped rank named", lambda: bool(hang_findings(hang_server, run.job_id)), proc
+        )
+        os.kill(int(read_marks(out, 2)[rank]["pid"]), signal.SIGCONT)
+        out_text, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        run.returncode, run.output, run.ended_at = proc.returncode, out_text, time.time()
+    finally:
+        if proc.poll() is None:
+            end(proc, run)
+        run.marks = read_marks(out, 2)
+        run.findings = hang_findings(hang_server, run.job_id)
+    return run
+
+
+def test_a_rank_stopped_past_its_threshold_under_a_dump_directory_finishes_the_job(
+    stop_run: Run, hang_server: RunningServer
+) -> None:
+    assert stop_run.returncode == 0, stop_run.output[-3000:]
+    assert all("done" in m for m in stop_run.marks.values()), stop_run.marks
+    marks = stop_run.marks[hang_job.STOP_RANK]
+    assert marks["thawed"] - marks["freeze"] >= STOPPED_S
+    # Every step of every rank recorded.
+    rows = read_rows(hang_server.db_url, "steps", stop_run.job_id)
+    steps = Counter((r["rank"], r["step"]) for r in rows)
+    assert steps == {(r, s): 1 for r in range(2) for s in range(hang_job.STOP_NUM_STEPS)}
+    # Not signalled while stopped, and no timer of its own went off when it resumed: no stacks
+    # dumped (a rank's dump file is removed at its close when it holds none).
+    assert list((stop_run.out_dir / "dumps").glob("*.txt")) == []
+
+
+def test_a_rank_stopped_past_its_threshold_is_one_hang_closed_with_the_time_lost(
+    stop_run: Run,
+) -> None:
+    [finding] = stop_run.findings
+    assert finding["ranks"] == [hang_job.STOP_RANK]
+    assert finding["evidence"]["class"] == "silent"
+    assert finding["first_step"] == hang_job.STOP_AT
+    marks = stop_run.marks[hang_job.STOP_RANK]
+    assert finding["evidence"]["time_lost_s"] == pytest.approx(
+        marks["thawed"] - marks["freeze"], abs=2.0
+    )

@@ -1,12 +1,15 @@
 """The progress watchdog: heartbeats, hang reports (stack, blocked collective, frontiers) on
-/v1/hangs, no false hangs in declared phases or slow first steps, faulthandler when the GIL
-is held."""
+/v1/hangs, no false hangs in declared phases or slow first steps, faulthandler's stacks on the
+dump signal when the GIL is held."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from stepscope.profiler.base import NULL_CONTEXT
 from stepscope.profiler.collectives.calls import CollectiveCall
 from stepscope.profiler.collectives.groups import GroupInfo, GroupRegistry
 from stepscope.profiler.config import Config, build_config
-from stepscope.profiler.hangs.reports import read_dump
+from stepscope.profiler.hangs.reports import DUMP_SIGNAL, read_dump, read_last_report
 from stepscope.profiler.hangs.watchdog import (
     FLOOR_S,
     LONG_S,
@@ -283,7 +286,18 @@ def holds_the_gil(seconds: int) -> None:
     ctypes.PyDLL(None).sleep(seconds)  # libc's sleep, called without releasing the GIL
 
 
-def test_a_rank_that_holds_the_gil_gets_its_stack_written_by_faulthandler(
+SEND_DUMP_SIGNAL = """
+import sys, time
+from stepscope.profiler.hangs.dump_watcher import signal_thread
+pid, tid, signum = map(int, sys.argv[1:])
+print("ready", flush=True)
+time.sleep(0.5)
+sys.exit(0 if signal_thread(pid, tid, signum) else 1)
+"""
+"""What `stepscope run` does to a rank whose watchdog went silent, from another process."""
+
+
+def test_a_rank_holding_the_gil_writes_its_stacks_on_the_dump_signal(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
@@ -292,21 +306,72 @@ def test_a_rank_that_holds_the_gil_gets_its_stack_written_by_faulthandler(
         warm_up(prof)
         time.sleep(0.3)  # the watchdog sees the first steps end and shortens the threshold
         [path] = tmp_path.glob("*.txt")
-        assert read_dump(path) is not None
-        assert read_dump(path).num_dumps == 0  # type: ignore[union-attr]
-        with prof.step():
-            holds_the_gil(4)
+        before = read_dump(path)
+        last = read_last_report(path)
+        assert before is not None
+        assert last is not None
+        assert (before.num_dumps, before.identity["dump_signal"]) == (0, DUMP_SIGNAL)
+        assert last["dump_after_s"] == HANG_AFTER_S + 2.0  # and the watchdog's HTTP timeout
+        args = [str(os.getpid()), str(last["watchdog_tid"]), str(DUMP_SIGNAL)]
+        with subprocess.Popen(
+            [sys.executable, "-c", SEND_DUMP_SIGNAL, *args], stdout=subprocess.PIPE, text=True
+        ) as sender:
+            assert sender.stdout is not None
+            assert sender.stdout.readline().strip() == "ready"
+            with prof.step():
+                started = time.perf_counter()
+                holds_the_gil(3)
+                held_s = time.perf_counter() - started
+            assert sender.wait(30) == 0
         dump = read_dump(path)
         prof.close()
     assert dump is not None
-    assert dump.num_dumps >= 1
-    assert dump.timeout_s == HANG_AFTER_S + 2.0  # and the watchdog's HTTP timeout
+    assert dump.num_dumps == 1
     assert dump.stack is not None
     assert dump.stack[-1]["function"] == "holds_the_gil"
     assert dump.stack[-1]["file"] == __file__
     assert dump.identity["rank"] == 0
     assert dump.identity["pid"] == os.getpid()
+    # The signal went to the watchdog thread: the training thread's sleep was not cut short.
+    assert held_s >= 3.0
     assert read_dump(path).closed  # type: ignore[union-attr]
+
+
+def test_a_dump_signal_after_the_profiler_closed_ends_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    assert DUMP_SIGNAL is not None
+    with http_sink() as sink:
+        prof = start(sink, hang_dump_dir=str(tmp_path))
+        warm_up(prof)
+        prof.close()
+    # A signal `stepscope run` sent just before the close lands after it: still handled.
+    os.kill(os.getpid(), DUMP_SIGNAL)
+    time.sleep(0.1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_program_that_handles_the_dump_signal_keeps_its_handler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("STEPSCOPE_DISABLED", raising=False)
+    assert DUMP_SIGNAL is not None
+    received: list[int] = []
+    previous = signal.signal(DUMP_SIGNAL, lambda signum, frame: received.append(signum))
+    try:
+        with http_sink() as sink:
+            prof = start(sink, hang_dump_dir=str(tmp_path))
+            [path] = tmp_path.glob("*.txt")
+            dump = read_dump(path)
+            os.kill(os.getpid(), DUMP_SIGNAL)
+            time.sleep(0.1)
+            prof.close()
+    finally:
+        signal.signal(DUMP_SIGNAL, previous)
+    assert dump is not None
+    assert dump.identity["dump_signal"] is None  # `stepscope run` will not send it
+    assert received == [DUMP_SIGNAL]
 
 
 def test_a_clean_run_leaves_no_dump_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

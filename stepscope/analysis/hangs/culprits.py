@@ -257,24 +257,36 @@ def attribute_hang(
     silent_after_s: float,
     now_ts: float | None = None,
     ignore_hangs_before_ts: float | None = None,
+    ignore_stalls_before_ts: float | None = None,
 ) -> HangState:
     """Attribute the hang the ranks' latest reports describe, if any.
 
     `now_ts` is the job's clock (default: its newest report); a rank is silent when its
-    latest report is older than `silent_after_s`. Hang reports made before
-    `ignore_hangs_before_ts` (the end of the previous hang) are stale and ignored.
+    latest report is older than `silent_after_s`. The previous hang's end makes two kinds
+    of hang report stale: those made before `ignore_hangs_before_ts` (the job's clock when
+    it was closed) and those of a stall that began before `ignore_stalls_before_ts` (when
+    progress resumed): a rank that lived through the closed hang (frozen, asleep) reports
+    that same stall as it comes back, sometimes a moment after its peers' heartbeats that
+    closed it.
     """
     if not reports:
         return HangState(False, None, [], False, _ranks_by_state(None, [], set()), None, None)
     now = now_ts if now_ts is not None else max(r.ts for r in reports)
     cutoff = ignore_hangs_before_ts if ignore_hangs_before_ts is not None else float("-inf")
+    stalls_cutoff = (
+        ignore_stalls_before_ts if ignore_stalls_before_ts is not None else float("-inf")
+    )
     job = _index(reports, now)
-    hang_ranks = sorted(r.rank for r in job.by_rank.values() if r.kind == "hang" and r.ts > cutoff)
+    hang_ranks = sorted(
+        r.rank
+        for r in job.by_rank.values()
+        if r.kind == "hang" and r.ts > cutoff and _last_progress(r) >= stalls_cutoff
+    )
     silent = {r.rank for r in job.by_rank.values() if now - r.ts > silent_after_s}
     if not hang_ranks:
         return HangState(False, None, [], False, _ranks_by_state(job, [], silent), None, None)
     since = min(_stall_start(job.by_rank[r]) for r in hang_ranks)
-    culprits, pending, explained = _walk(job, hang_ranks, silent, since, silent_after_s, cutoff)
+    culprits, pending, explained = _walk(job, hang_ranks, silent, since, silent_after_s)
     state = HangState(
         hanging=True,
         finding=None,
@@ -287,6 +299,13 @@ def attribute_hang(
     if culprits and not pending:
         state.finding = _finding(job_id, job, culprits, hang_ranks, since, state.ranks_by_state)
     return state
+
+
+def _last_progress(r: RankReport) -> float:
+    """When the rank last made progress: its stall began then."""
+    if r.last_progress_ts is not None:
+        return r.last_progress_ts
+    return r.ts - (r.stalled_s or 0.0)
 
 
 def _stall_start(r: RankReport) -> float:
@@ -303,7 +322,6 @@ def _walk(
     silent: set[int],
     since: float,
     silent_after_s: float,
-    cutoff: float,
 ) -> tuple[list[_Culprit], list[int], list[int]]:
     """Culprits, ranks still unknown, and roots explained by a declared phase."""
     roots: dict[int, list[Point]] = defaultdict(list)
@@ -344,6 +362,7 @@ def _walk(
     culprits: list[_Culprit] = []
     pending: list[int] = []
     explained: list[int] = []
+    hanging = set(hang_ranks)
     for m, points in sorted(roots.items()):
         point = min(points, key=lambda p: (job.point_since(p), -len(job.at_point.get(p, ()))))
         report = job.by_rank.get(m)
@@ -356,7 +375,7 @@ def _walk(
             culprits.append(_Culprit(m, "silent", point))
         elif _older_than(report, job, point) or _moved_on_since(report, job, point):
             pending.append(m)
-        elif report.phase is not None and not (report.kind == "hang" and report.ts > cutoff):
+        elif report.phase is not None and m not in hanging:
             explained.append(m)
         else:
             culprits.append(_Culprit(m, "never_entered", point))

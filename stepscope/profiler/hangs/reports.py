@@ -2,7 +2,7 @@
 
 Stdlib only: the watchdog thread inside every rank and `stepscope run` (which may run
 without torch) both send reports; `stepscope run` also reads the per-rank dump files that
-`faulthandler` writes when a rank holds the GIL and its watchdog cannot run.
+`faulthandler` writes when it signals a rank whose watchdog cannot run (it holds the GIL).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import signal
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,14 @@ CLOSED_MARK = "# stepscope closed\n"
 """Appended when the profiler closes a file that holds dumps: the rank did not die."""
 _THREAD_LINE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>\S+)')
-_TIMEOUT_LINE = re.compile(
-    r"^Timeout \((?:(?P<d>\d+) days?, )?(?P<h>\d+):(?P<m>\d+):(?P<s>[\d.]+)\)!"
-)
+
+DUMP_SIGNAL: int | None = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
+"""The signal on which a rank writes every thread's stack to its dump file (faulthandler's
+handler, which runs while another thread holds the GIL); `stepscope run` sends it to a rank
+whose watchdog went silent and that is not stopped. A real-time signal: torchrun forwards
+SIGTERM, SIGINT, SIGHUP and SIGQUIT, Slurm jobs use SIGUSR1 and SIGUSR2 (Lightning's and
+submitit's requeue), and glibc keeps the real-time signals below SIGRTMIN. None where there
+are none (not Linux): no dumps."""
 
 
 def hangs_endpoint(url: str) -> str:
@@ -80,9 +86,13 @@ def flight_recorder_file_name(job_id: str, rank: int, pid: int) -> str:
     return dump_file_name(job_id, rank, pid).replace(".txt", ".fr.pickle")
 
 
-def dump_header(identity: dict[str, Any], main_thread_id: int) -> str:
-    """The first line of a rank's dump file: who wrote it and which thread is the training one."""
-    return _HEADER_PREFIX + json.dumps({**identity, "main_thread": f"0x{main_thread_id:x}"}) + "\n"
+def dump_header(
+    identity: dict[str, Any], main_thread_id: int, *, dump_signal: int | None = None
+) -> str:
+    """The first line of a rank's dump file: who wrote it, which thread is the training one and
+    the signal it dumps its stacks on (None: it does not)."""
+    doc = {**identity, "main_thread": f"0x{main_thread_id:x}", "dump_signal": dump_signal}
+    return _HEADER_PREFIX + json.dumps(doc) + "\n"
 
 
 def last_report_path(dump_path: Path) -> Path:
@@ -90,12 +100,17 @@ def last_report_path(dump_path: Path) -> Path:
     return dump_path.with_suffix(".last.json")
 
 
-def write_last_report(dump_path: Path, report: dict[str, Any]) -> None:
-    """Replace the last report kept next to a dump file (never raises)."""
+def write_last_report(
+    dump_path: Path, report: dict[str, Any], *, watchdog_tid: int, dump_after_s: float
+) -> None:
+    """Replace the last report kept next to a dump file (never raises), with what `stepscope
+    run` needs to signal the rank if its watchdog goes silent: the watchdog thread's native
+    id and how long a silence is one (`dump_after_s`)."""
     path = last_report_path(dump_path)
+    doc = {**report, "watchdog_tid": watchdog_tid, "dump_after_s": dump_after_s}
     try:
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(report, separators=(",", ":")), encoding="utf-8")
+        temporary.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
         os.replace(temporary, path)
     except OSError:
         log.debug("stepscope: could not keep the last report in %s", path, exc_info=True)
@@ -114,10 +129,8 @@ class Dump:
     """What a rank's dump file holds: the writer's identity and the dumps written so far."""
 
     identity: dict[str, Any]
-    """job_id, rank, incarnation, node, pid, world_size, main_thread (hex)."""
+    """job_id, rank, incarnation, node, pid, world_size, main_thread (hex), dump_signal."""
     num_dumps: int
-    timeout_s: float | None
-    """The delay faulthandler waited without a re-arm (the watchdog's silence), in seconds."""
     stack: list[Frame] | None
     """The training thread's stack in the last dump, innermost last."""
     closed: bool
@@ -138,25 +151,17 @@ def read_dump(path: Path) -> Dump | None:
     except ValueError:
         return None
     main_thread = int(str(identity.get("main_thread", "0x0")), 16)
-    num_dumps = 0
-    timeout_s: float | None = None
+    # A dump lists every thread once, the most recent call first, with no line of its own:
+    # the dumps are counted by how often a thread is listed.
+    times_listed: dict[int, int] = {}
     stack: list[Frame] | None = None
     frames: list[Frame] | None = None
     for line in lines[1:]:
-        timeout = _TIMEOUT_LINE.match(line)
-        if timeout is not None:
-            num_dumps += 1
-            timeout_s = (
-                int(timeout["d"] or 0) * 86400
-                + int(timeout["h"]) * 3600
-                + int(timeout["m"]) * 60
-                + float(timeout["s"])
-            )
-            frames = None
-            continue
         thread = _THREAD_LINE.match(line)
         if thread is not None:
-            frames = [] if int(thread[1], 16) == main_thread else None
+            thread_id = int(thread[1], 16)
+            times_listed[thread_id] = times_listed.get(thread_id, 0) + 1
+            frames = [] if thread_id == main_thread else None
             if frames is not None:
                 stack = frames
             continue
@@ -169,8 +174,7 @@ def read_dump(path: Path) -> Dump | None:
             )
     return Dump(
         identity=identity,
-        num_dumps=num_dumps,
-        timeout_s=timeout_s,
+        num_dumps=max(times_listed.values(), default=0),
         stack=stack,
         closed=lines[-1] == CLOSED_MARK.strip(),
     )

@@ -8,10 +8,12 @@ blocked in. After `hang_after_s` without progress it captures the training threa
 {url}/v1/hangs, then again every heartbeat_s while the hang lasts; otherwise a `heartbeat`
 every heartbeat_s, so that the server tells a silent rank from a busy one.
 
-When the training thread holds the GIL this thread cannot run: `faulthandler`'s C timer,
-re-armed here while this thread runs, then writes every thread's stack to a per-rank file
-that `stepscope run` ships. Any internal error stops the watchdog (logged once); training
-never notices.
+When the training thread holds the GIL this thread cannot run, and its reports stop:
+`stepscope run` (hangs/dump_watcher.py) then sends this thread the dump signal, on which
+`faulthandler`'s handler writes every thread's stack to a per-rank file that it ships. No
+timer runs inside the rank: a rank stopped (SIGSTOP, a scheduler's suspend) is never
+signalled, and finds nothing due when it resumes. Any internal error stops the watchdog
+(logged once); training never notices.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import atexit
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -31,6 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from stepscope.profiler.hangs.reports import (
     CLOSED_MARK,
+    DUMP_SIGNAL,
     FLIGHT_RECORDER_REQUEST,
     HANG_SCHEMA_VERSION,
     Frame,
@@ -72,7 +76,6 @@ MAX_FRONTIERS = 64
 MAX_TEXT_CHARS = 1024
 """The server's limits on one report (frontiers, characters of a file name)."""
 _MAX_HTTP_TIMEOUT_S = 2.0
-_REARM_EVERY_S = 1.0
 
 
 DeviceCalls = Callable[[], "tuple[list[CollectiveCall], Callable[[Any], bool]] | None"]
@@ -123,16 +126,12 @@ class Watchdog:
         self._main_thread_id = main_thread_id
         self._device_calls = device_calls
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        """Guards faulthandler's timer between this thread (re-arm) and stop() (cancel)."""
         self._thread = threading.Thread(target=self._run, name="stepscope-watchdog", daemon=True)
         self._pid = os.getpid()
         self._dump_dir = config.hang_dump_dir
         self._dump_path: Path | None = None
         self._dump_file: IO[str] | None = None
         self._dump_header_bytes = 0
-        self._armed_at = 0.0
-        self._armed_s = 0.0
         # What the watchdog has seen so far (only its own thread touches these).
         self._signature: tuple[Any, ...] | None = None
         self._last_progress = time.perf_counter()
@@ -156,13 +155,12 @@ class Watchdog:
         atexit.register(self.stop)  # a rank that ends without close() did not die
 
     def stop(self, timeout_s: float = 0.0) -> None:
-        """Stop the thread and faulthandler's timer; removes a dump file that stayed empty."""
+        """Stop the thread; removes a dump file that stayed empty."""
         self._stop.set()
         atexit.unregister(self.stop)
-        if os.getpid() != self._pid:  # a forked child: the timer and the file are the parent's
+        if os.getpid() != self._pid:  # a forked child: the dump file is the parent's
             return
-        with self._lock:
-            self._close_dump_file()
+        self._close_dump_file()
         if (
             timeout_s > 0
             and self._thread.is_alive()
@@ -195,7 +193,6 @@ class Watchdog:
                 # A hang is seen within a tenth of its threshold, at 2-10 looks a second: a look
                 # costs ~0.1 ms of CPU on a core the training keeps busy.
                 poll_s = min(MAX_POLL_S, max(POLL_S, threshold_s / POLLS_PER_THRESHOLD))
-                self._rearm(now, threshold_s)
                 self._serve_flight_recorder_request()
                 stalled_s = now - self._last_progress
                 if stalled_s >= threshold_s:
@@ -328,7 +325,16 @@ class Watchdog:
     def _send(self, kind: ReportKind, state: TrainingState, now: float) -> None:
         report = self.report(kind, state, now)
         if self._dump_path is not None:
-            write_last_report(self._dump_path, report)
+            # `stepscope run` answers a silence with the dump signal: one longer than the
+            # threshold, and than this thread's own gaps (a report is due every heartbeat_s,
+            # sent at the next look, and a POST may take the HTTP timeout).
+            gap_s = max(self.hang_after_s(), self._heartbeat_s + MAX_POLL_S)
+            write_last_report(
+                self._dump_path,
+                report,
+                watchdog_tid=threading.get_native_id(),
+                dump_after_s=gap_s + self._http_timeout_s,
+            )
         error = post_report(self._poster, report, token=self._token)
         if error is None:
             self.num_reports[kind] += 1
@@ -367,41 +373,29 @@ class Watchdog:
                 str(self._identity["job_id"]), int(self._identity["rank"]), os.getpid()
             )
             file = path.open("w", encoding="utf-8")
-            header = dump_header(self._identity, self._main_thread_id)
+        except OSError as exc:
+            log.warning("stepscope: no faulthandler stack dumps (%s)", exc)
+            return
+        # The handler first: `stepscope run` signals only a rank whose header names it.
+        dump_signal = _dump_stacks_on_signal(self, file)
+        header = dump_header(self._identity, self._main_thread_id, dump_signal=dump_signal)
+        try:
             file.write(header)
             file.flush()
         except OSError as exc:
             log.warning("stepscope: no faulthandler stack dumps (%s)", exc)
+            _stop_dumping_stacks(self)
+            file.close()
             return
         self._dump_path, self._dump_file = path, file
         self._dump_header_bytes = len(header.encode())
-        self._rearm(time.perf_counter(), self.hang_after_s())
-
-    def _rearm(self, now: float, threshold_s: float) -> None:
-        """Push faulthandler's dump back by threshold_s and the HTTP timeout (at most once a
-        second, or when the threshold changed): it fires only when this thread stayed silent
-        that long."""
-        if self._dump_file is None:
-            return
-        if threshold_s == self._armed_s and now - self._armed_at < min(
-            _REARM_EVERY_S, threshold_s / 4
-        ):
-            return
-        with self._lock:
-            if self._dump_file is None or self._stop.is_set():
-                return
-            # The margin covers this thread's own waits (a slow POST): only silence fires it.
-            faulthandler.dump_traceback_later(
-                threshold_s + self._http_timeout_s, repeat=True, file=self._dump_file
-            )
-        self._armed_at, self._armed_s = now, threshold_s
 
     def _close_dump_file(self) -> None:
         file, self._dump_file = self._dump_file, None
         if file is None:
             return
         try:
-            faulthandler.cancel_dump_traceback_later()
+            _stop_dumping_stacks(self)
             file.close()
             path = self._dump_path
             if path is None:
@@ -414,6 +408,48 @@ class Watchdog:
                     marked.write(CLOSED_MARK)
         except OSError:
             log.debug("stepscope: could not tidy the dump file", exc_info=True)
+
+
+_dump_signal_lock = threading.Lock()
+_dump_signal_owner: Watchdog | None = None
+"""The watchdog whose dump file faulthandler writes to on DUMP_SIGNAL (the latest started)."""
+_devnull: IO[str] | None = None
+
+
+def _dump_stacks_on_signal(watchdog: Watchdog, file: IO[str]) -> int | None:
+    """Have faulthandler write every thread's stack to `file` on DUMP_SIGNAL; the signal, or
+    None when this process cannot (no such signal, or the program handles it itself)."""
+    global _dump_signal_owner
+    signum = DUMP_SIGNAL
+    if signum is None or not hasattr(faulthandler, "register"):
+        return None
+    with _dump_signal_lock:
+        if _dump_signal_owner is None and signal.getsignal(signum) != signal.SIG_DFL:
+            log.warning("stepscope: signal %d is the program's: no stack dumps on it", signum)
+            return None
+        try:
+            faulthandler.register(signum, file=file, all_threads=True, chain=False)
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.warning("stepscope: no stack dumps on signal %d (%s)", signum, exc)
+            return None
+        _dump_signal_owner = watchdog
+    return signum
+
+
+def _stop_dumping_stacks(watchdog: Watchdog) -> None:
+    """Point the handler at /dev/null before the dump file closes. It stays installed: a
+    signal already on its way must not meet the default action, which ends the process."""
+    global _dump_signal_owner, _devnull
+    with _dump_signal_lock:
+        if _dump_signal_owner is not watchdog or DUMP_SIGNAL is None:
+            return
+        _dump_signal_owner = None
+        try:
+            if _devnull is None:
+                _devnull = open(os.devnull, "w", encoding="utf-8")
+            faulthandler.register(DUMP_SIGNAL, file=_devnull, all_threads=True, chain=False)
+        except (OSError, RuntimeError, ValueError):
+            log.debug("stepscope: could not point the stack dumps at /dev/null", exc_info=True)
 
 
 def dump_flight_recorder(path: Path) -> bool:

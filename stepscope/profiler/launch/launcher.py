@@ -161,8 +161,9 @@ def _start_node_relay(env: dict[str, str]) -> NodeRelay | None:
 
 
 def _start_dump_watcher(env: dict[str, str]) -> DumpWatcher | None:
-    """Give the ranks a directory for their faulthandler dumps, and ship what lands there as
-    hang reports (ranks holding the GIL, ranks that died); None without a collector URL."""
+    """Give the ranks a directory for their faulthandler dumps, signal the ranks whose
+    watchdog went silent (never a stopped one) and ship what lands there as hang reports
+    (ranks holding the GIL, ranks that died); None without a collector URL."""
     if not _profiling(env):
         return None
     if env.get("STEPSCOPE_HANG_WATCHDOG", "").strip().lower() in ("0", "false", "no", "off"):
