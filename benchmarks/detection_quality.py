@@ -481,6 +481,11 @@ def main() -> None:
         "synth by cause", [o for o in slow_out if o.case.model == "synth"], lambda o: o.case.cause
     )
     table(
+        "32 ranks, noise 2%",
+        [o for o in slow_out if o.case.num_ranks == 32 and o.case.noise == 0.02],
+        lambda o: f"{o.case.size:>4.0%}",
+    )
+    table(
         "by model, slowdown (noise<=2%)",
         [o for o in slow_out if o.case.noise <= 0.02],
         lambda o: f"{o.case.model:<9} {o.case.size:>4.0%}",

@@ -13,6 +13,7 @@ STARTED_FIRST = (
     "tests/profiler/test_hangs_torchrun.py",
     "tests/demo/test_demo.py",
     "tests/cli/test_check.py",
+    "tests/parallel/test_pipeline_stages.py",
 )
 """The files whose torchrun jobs take longest (1-3 minutes), longest first: `make test` runs
 files on two workers (pytest-xdist, `--dist loadfile`), and these started last would finish

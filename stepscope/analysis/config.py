@@ -19,7 +19,9 @@ class AnalysisConfig:
     of the dataloader and collective detectors."""
 
     min_steps: int = 30
-    """Fewest steps a rank must be slow for to be a straggler (shorter slowdowns are noise)."""
+    """Steps a rank must be slow for to be a straggler at the test's significance. A slowdown
+    larger against the noise is named after fewer steps (down to 10): its statistic must pass
+    the threshold times sqrt(min_steps / steps) (stepscope.analysis.stragglers.rank_levels)."""
 
     min_effect: float = 0.015
     """Smallest slowdown reported: how much slower a rank became than it was, relative to its
@@ -28,6 +30,12 @@ class AnalysisConfig:
     min_offset: float = 0.02
     """Smallest excess over its peers reported of a rank slow throughout the steps compared
     (hardware is never quite equal), relative to their median of that metric; 2%."""
+
+    distinct_offset: float = 0.25
+    """Excess over its peers (relative to their median of the metric) beyond which hardware
+    differences are no explanation: a rank slow throughout by this much is tested against the
+    noise of its own steps, not against the spread of the ranks' levels (which a job of a few
+    ranks cannot tell apart from a straggler); 25%."""
 
     min_step_share: float = 0.005
     """Smallest straggler reported, relative to the job's step time (a small metric such as
@@ -98,6 +106,8 @@ class AnalysisConfig:
                 raise ValueError(f"{name} must be in (0, 1)")
         if not (0 < self.min_effect < 1 and 0 < self.min_offset < 1):
             raise ValueError("min_effect and min_offset must be in (0, 1)")
+        if self.distinct_offset <= self.min_offset:
+            raise ValueError("distinct_offset must be above min_offset")
         if not 0 <= self.min_step_share < 1:
             raise ValueError("min_step_share must be in [0, 1)")
         if not 0 < self.warning_impact <= self.critical_impact:

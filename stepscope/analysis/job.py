@@ -32,6 +32,7 @@ from stepscope.analysis.data.stalls import dataloader_findings
 from stepscope.analysis.frames.grid import Grid, Ints, Matrix, column_sample, rank_median
 from stepscope.analysis.rollups import op_rollup, step_rollup
 from stepscope.analysis.stragglers.findings import Channel, StragglerInput, straggler_findings
+from stepscope.analysis.stragglers.rank_levels import MIN_STRETCH_STEPS
 from stepscope.analysis.stragglers.segments import SegmentPlan, stitch
 from stepscope.analysis.stragglers.telemetry import GpuEvidence, GpuSource
 from stepscope.analysis.throughput.causes import with_causes
@@ -145,7 +146,10 @@ def segment_findings(
 ) -> list[Finding]:
     """The rank findings segment k owns (stepscope.analysis.stragglers.segments), from its
     span's rows."""
-    found = _rank_findings(job_id, rows, gpu, nodes=nodes, meshes=meshes, config=config)
+    settling_steps = config.window_steps if k == 0 else 0
+    found = _rank_findings(
+        job_id, rows, gpu, nodes=nodes, meshes=meshes, config=config, settling_steps=settling_steps
+    )
     return plan.owned(k, found)
 
 
@@ -271,19 +275,21 @@ def _rank_findings(
     nodes: Mapping[int, str],
     meshes: Meshes | None,
     config: AnalysisConfig,
+    settling_steps: int = 0,
 ) -> list[Finding]:
     m, times = rows.matrices, rows.times
     m = m.rows(0, complete_steps(m.step_s))
-    if m.steps.size < config.window_steps:
+    if m.steps.size < 2 * MIN_STRETCH_STEPS:
         return []
     stride = max(1, m.ranks.size // _MAX_REFERENCE_RANKS)
     reference_step_s = rank_median(m.step_s[:, ::stride])
     data_median_s = rank_median(column_sample(m.data_s))
 
     channels: dict[Channel, Matrix] = {"compute": m.compute_s, "data": m.data_s}
-    if m.ops:
-        ready_s = None if m.comm_wait_s is None else m.step_s - m.comm_wait_s
-        channels["communication"] = finish_times(m.ops, ready_s)
+    ready_s = None if m.comm_wait_s is None else m.step_s - m.comm_wait_s
+    finish_s = finish_times(m.ops, ready_s) if m.ops else None
+    if finish_s is not None:  # a pipeline's sends and receives alone make none
+        channels["communication"] = finish_s
 
     gpu_evidence = None
     if gpu is not None and times.has_ts:
@@ -306,6 +312,7 @@ def _rank_findings(
             comm_evidence=CommEvidence(m.ops, m.steps, m.ranks) if m.ops else None,
             group_evidence=GroupEvidence(m.collectives) if m.collectives is not None else None,
             meshes=meshes or {},
+            settling_steps=settling_steps,
         ),
         config,
     )

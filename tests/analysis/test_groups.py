@@ -200,3 +200,11 @@ def test_slow_collectives_are_per_group_label_and_name_it() -> None:
         JOB_ID, _slow_rollup({"all": "all_reduce"}).drop("group"), 20, config
     )
     assert (old.metric, old.evidence["group"]) == ("all_reduce.busbw_bps", "all")
+
+
+def test_sends_and_receives_make_no_slow_collective() -> None:
+    # A send lasts until its receiver takes it: twice as long when the next pipeline stage
+    # computes late, whatever the link.
+    rollup = _slow_rollup({"pp": "send", "group 0": "recv", "dp": "all_reduce"})
+    found = slow_collective_findings(JOB_ID, rollup, 20, AnalysisConfig())
+    assert [(f.metric, f.evidence["group"]) for f in found] == [("all_reduce.busbw_bps", "dp")]

@@ -143,9 +143,19 @@ def test_clean_noisy_spiky_runs_have_no_findings(
     assert [(f.kind, f.ranks, f.first_step) for f in findings] == []
 
 
-def test_short_slowdown_is_not_a_straggler() -> None:
-    spec = _spec(Straggler(ranks=(4,), factor=2.0, cause="compute", from_step=200, until_step=215))
+def test_a_short_small_slowdown_is_not_a_straggler() -> None:
+    spec = _spec(Straggler(ranks=(4,), factor=1.03, cause="compute", from_step=200, until_step=215))
     assert _stragglers(_analyze(spec)) == []
+
+
+def test_a_short_large_slowdown_is_named_for_its_steps() -> None:
+    # The time to a verdict scales with the slowdown against the noise: 15 steps at 2x are
+    # as much evidence as 30 steps of a just-significant slowdown, and far more.
+    spec = _spec(Straggler(ranks=(4,), factor=2.0, cause="compute", from_step=200, until_step=215))
+    found = _stragglers(_analyze(spec))
+    assert [(f.kind, f.ranks, f.cause, f.first_step, f.last_step) for f in found] == [
+        ("straggler_rank", [4], "compute", 200, 214)
+    ]
 
 
 def test_warmup_is_skipped() -> None:

@@ -36,7 +36,12 @@ RANKS_SCRIPT = REPO / "tests" / "parallel" / "ranks.py"
 WORLD = 4
 STEPS = 40
 ANALYSIS = AnalysisConfig(
-    warmup_steps=5, window_steps=20, min_steps=10, min_effect=0.25, min_offset=0.25
+    warmup_steps=5,
+    window_steps=20,
+    min_steps=10,
+    min_effect=0.25,
+    min_offset=0.25,
+    distinct_offset=0.5,
 )
 """Shorter than the defaults (20 warm-up steps, a rank slow for 30 steps of a 50-step window)
 so that nine cases fit one short launch; the delay starts after the warm-up. Only slowdowns

@@ -42,6 +42,7 @@ ANALYSIS = AnalysisConfig(
     min_steps=10,
     min_effect=0.25,
     min_offset=0.25,
+    distinct_offset=0.5,
     node_share=0.99,
 )
 """Shorter than the defaults (20 warm-up steps, 30 slow steps in a 50-step window) so that a
@@ -202,31 +203,21 @@ def medians(rows: list[dict[str, Any]], first_step: int, last_step: int) -> dict
     return {c: statistics.median(r[c] for r in kept) for c in ("step_s", "data_s", "comm_wait_s")}
 
 
-TOLERANCE = {"step_s": 0.05, "data_s": 0.10, "comm_wait_s": 0.10}
-"""Relative tolerance of each median: the delay makes most of a step, of the slow loader's
-data_s and of its peers' comm_wait_s."""
-FLOOR_S = {"step_s": 0.0, "data_s": 0.002, "comm_wait_s": 0.005}
-"""Absolute tolerance for what the delay does not drive, which differs by more than 10 %
-between any two runs: a clean loader's ~0.1 ms data_s, and the slow rank's own comm_wait_s
-(DDP: 2-6 ms, seen 2.8 ms apart)."""
-COMM_WAIT_SHARE = 0.5
-"""Nor is comm_wait_s's tolerance below this share of the job's clean step (hand-instrumented,
-before the delay): on 2 cores shared by 4 ranks the slow rank's own wait is mostly its
-peers' turn on a core, and grows with the step (FSDP2: 30-45 ms of a 40-65 ms clean step,
-seen 10.5 ms apart in runs whose clean steps were 46 and 60 ms)."""
+STEP_TOLERANCE = 0.05
+"""A rank's median step time within 5 % of hand instrumentation's: the delay makes most of a
+delayed step, and every rank's step waits for it."""
+WAIT_TOLERANCE = 0.10
+"""A rank's median data and communication wait within 10 % of the case's delay_s, the time
+the delay injects per step: what the test controls. The delay shows as the slow loader's
+data_s or its peers' comm_wait_s, so a parity bug (the delay counted as compute, a wait not
+measured) moves a median by about all of it. The rest is noise of 4 ranks on 2 busy cores,
+bounded by the same 10 %: a clean loader's ~0.1 ms, and the slowed rank's own comm_wait_s,
+which nobody waits for in it (pure transfer and its peers' turns on a core; DDP's seen at
+2.25 ms zero-code and 8.42 ms by hand; FSDP2's 30-45 ms, 10.5 ms apart)."""
 
 
 def test_zero_code_measures_each_rank_as_hand_instrumentation_does(runs: Runs) -> None:
     hand, zero_code = runs.steps("hand"), runs.steps("zero_code")
-    clean_step_s = statistics.median(
-        r["step_s"]
-        for rows in hand.values()
-        for r in rows
-        if ANALYSIS.warmup_steps <= r["step"] < DELAY_FROM_STEP
-    )
-    floors_s = FLOOR_S | {
-        "comm_wait_s": max(FLOOR_S["comm_wait_s"], COMM_WAIT_SHARE * clean_step_s)
-    }
     first = runs.case.first_delayed_step
     table = {
         (rank, mode): medians(steps[rank], first, STEPS - 1)
@@ -237,10 +228,11 @@ def test_zero_code_measures_each_rank_as_hand_instrumentation_does(runs: Runs) -
         f"rank {rank} {mode:9}: " + "  ".join(f"{c} {v * 1e3:7.2f} ms" for c, v in row.items())
         for (rank, mode), row in table.items()
     )
+    wait_tolerance_s = WAIT_TOLERANCE * runs.case.delay_s
     for rank in range(WORLD):
         by_hand, by_zero_code = table[rank, "hand"], table[rank, "zero_code"]
         for column, want in by_hand.items():
-            tolerance_s = max(TOLERANCE[column] * want, floors_s[column])
+            tolerance_s = STEP_TOLERANCE * want if column == "step_s" else wait_tolerance_s
             assert abs(by_zero_code[column] - want) <= tolerance_s, (
                 f"rank {rank} {column}: {by_zero_code[column] * 1e3:.2f} ms zero-code, "
                 f"{want * 1e3:.2f} ms by hand (± {tolerance_s * 1e3:.2f} ms)\n{shown}"

@@ -5,6 +5,13 @@ ranks for a (step, op) is the best estimate of the transfer itself; busbw follow
 nccl-tests conventions (stepscope.schema.busbw_factor). A rank's rows of one op in several
 process groups (FSDP's all-gathers in its dp group, TP's in its tp group) are summed where a
 matrix per op is needed; slow_collective compares each op per group label.
+
+Point-to-point calls (a pipeline's send and recv) are not collectives in that sense: each
+lasts until its one peer gets to it, and the peers of one rank do not finish together. A
+stage's sends to a slow neighbour last as long as the neighbour is late, on every
+micro-batch, so their summed busy time measures the neighbour's schedule, not the link; its
+receives from it are its wait (comm_wait_s). Finish times, transfer times and busbw
+findings are therefore taken from collectives only.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from stepscope.analysis.stats.runs import offset, onset, runs
 from stepscope.schema import DEFAULT_GROUP, Finding, busbw_factor, group_label
 
 _MAX_BYTES_RANKS = 64
+POINT_TO_POINT = frozenset({"send", "recv"})
+"""Ops whose calls each end when their one peer gets to them (see the module's docstring)."""
 
 GROUP_COLUMNS: dict[str, type[pl.DataType]] = {
     "group": pl.String,
@@ -169,11 +178,15 @@ def op_grids(collectives: pl.DataFrame, grid: Grid, start: int) -> list[OpGrid]:
     return out
 
 
-def finish_times(ops: list[OpGrid], ready_s: Matrix | None) -> Matrix:
-    """When each rank's collectives of the step were done: ready time + busy time."""
-    total = np.zeros_like(ops[0].busy_s)
+def finish_times(ops: list[OpGrid], ready_s: Matrix | None) -> Matrix | None:
+    """When each rank's collectives of the step were done: ready time + busy time; None when
+    every op is point-to-point."""
+    collectives = [g for g in ops if g.op not in POINT_TO_POINT]
+    if not collectives:
+        return None
+    total = np.zeros_like(collectives[0].busy_s)
     seen = np.zeros(total.shape, dtype=bool)
-    for g in ops:
+    for g in collectives:
         present = ~np.isnan(g.busy_s)
         np.add(total, g.busy_s, out=total, where=present)
         seen |= present
@@ -181,10 +194,14 @@ def finish_times(ops: list[OpGrid], ready_s: Matrix | None) -> Matrix:
     return total if ready_s is None else total + ready_s
 
 
-def transfer_times(ops: list[OpGrid]) -> NDArray[np.float32]:
-    """Per step, the smallest busy time over ranks (the transfer itself), summed over ops."""
-    total = np.zeros(ops[0].busy_s.shape[0], dtype=np.float32)
-    for g in ops:
+def transfer_times(ops: list[OpGrid]) -> NDArray[np.float32] | None:
+    """Per step, the smallest busy time over ranks (the transfer itself), summed over the
+    collective ops; None when every op is point-to-point."""
+    collectives = [g for g in ops if g.op not in POINT_TO_POINT]
+    if not collectives:
+        return None
+    total = np.zeros(collectives[0].busy_s.shape[0], dtype=np.float32)
+    for g in collectives:
         busy = np.where(np.isnan(g.busy_s), np.inf, g.busy_s).min(axis=1)
         total += np.where(np.isfinite(busy), busy, 0.0).astype(np.float32)
     return total
@@ -220,7 +237,9 @@ def slow_collective_findings(
 ) -> list[Finding]:
     """Steps from `first_step` where an op's busbw (per message size) in a group label fell
     far below its norm or expectation; `op_rollup` is stepscope.analysis.rollups.op_rollup of
-    the job (without a `group` column: every row is group "all").
+    the job (without a `group` column: every row is group "all"). Point-to-point ops are left
+    out: their busy time includes waiting for the peer (a slow pipeline stage's neighbours'
+    sends), which no busbw can tell from a slow link.
 
     The metric is "{op}.busbw_bps" (the group label in evidence["group"]), or
     "{label}.{op}.busbw_bps" for an op the job runs in several group labels (DDP's all-reduce
@@ -234,6 +253,8 @@ def slow_collective_findings(
     parts = settled.partition_by("group", "op", as_dict=True)
     labels_per_op = Counter(str(op) for _, op in parts)
     for (label, op), rows in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        if op in POINT_TO_POINT:
+            continue
         group_size = int(rows["group_size"].max() or 0)  # type: ignore[arg-type]
         factor = busbw_factor(str(op), group_size)
         if factor == 0:

@@ -4,7 +4,11 @@ what they cost the job.
 Each channel is a per-step metric compared across ranks: `compute` (compute_s), `data`
 (data_s) and `communication` (when the rank's collectives finished, relative to the step
 start: ready time + collective busy time; the peers of a slow-to-arrive rank wait inside
-the collective but finish when it does, so only a slow transfer stands out). Per step, a
+the collective but finish when it does, so only a slow transfer stands out). A pipeline's
+sends and receives are not in it (stepscope.analysis.communication.collectives): they do not
+finish together, and a slow stage's neighbours' sends last until it takes them, on every
+micro-batch. The neighbours' waits for it are their comm_wait_s, so the stage alone is slow,
+in compute. Per step, a
 rank's residual is its value minus the median over ranks; stepscope.analysis.stragglers.rank_levels
 finds the stretches of `min_steps` steps or more where a rank's residuals are significantly
 higher than its own level elsewhere, by at least `min_effect` of the peers' metric (or,
@@ -12,14 +16,14 @@ slow throughout, higher than the ranks' spread by `min_offset`), and by `min_ste
 the job's step time. Overlapping stretches of one rank in several channels are one
 straggler, caused by the channel that costs the most time, communication counting only its
 excess beyond the rank's late arrival (a rank slow in compute also finishes its collectives
-late: a pipeline stage's sends).
+late).
 
 What a straggler costs the job: in synchronous training the job steps at the pace of its
 slowest rank, so per step the job's step time with the rank is the latest arrival at the
 collective (or the latest collective finish, for a slow transfer), and without it the
 latest among the other ranks (the median rank's at least). The difference, summed over the
-straggler's steps, as a share of the job's step time, is its impact; times the ranks it is
-the GPUs' worth of time lost. Severity follows it.
+straggler's steps and at most the rank's own excess per step, as a share of the job's step
+time, is its impact; times the ranks it is the GPUs' worth of time lost. Severity follows it.
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ from stepscope.analysis.frames.grid import (
     nanmedian,
     rank_median,
 )
-from stepscope.analysis.stragglers.rank_levels import Thresholds, slow_stretches
+from stepscope.analysis.stragglers.rank_levels import (
+    MIN_STRETCH_STEPS,
+    Thresholds,
+    slow_stretches,
+)
 from stepscope.schema import Cause, Finding, FindingKind
 
 Channel = Literal["compute", "data", "communication"]
@@ -109,6 +117,9 @@ class StragglerInput:
     (stepscope.analysis.communication.groups)."""
     meshes: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     """rank -> its DeviceMesh coordinates {dim: [coordinate, size]}, where known."""
+    settling_steps: int = 0
+    """The first step is the job's first after warm-up: a rank slow from it must be slow
+    against its peers and stay slow past this many steps (stragglers.rank_levels)."""
 
 
 def channel_episodes(
@@ -119,10 +130,11 @@ def channel_episodes(
     median: NDArray[np.float32] | None = None,
     *,
     num_channels: int = 1,
+    settling_steps: int = 0,
 ) -> list[Episode]:
     """Episodes of ranks persistently above the per-step median of `x` (given or computed)."""
     num_steps, num_ranks = x.shape
-    if num_steps < config.min_steps or num_ranks < 2:
+    if num_steps < 2 * MIN_STRETCH_STEPS or num_ranks < 2:
         return []
     if median is None:
         median = rank_median(column_sample(x))
@@ -131,7 +143,9 @@ def channel_episodes(
         residual,
         _floor_s(config.min_effect, median, reference_step_s, config),
         _floor_s(config.min_offset, median, reference_step_s, config),
+        _floor_s(config.distinct_offset, median, reference_step_s, config),
         min_steps=config.min_steps,
+        settling_steps=settling_steps,
         thresholds=Thresholds.of(num_steps, num_ranks, num_channels, config.max_p_value),
     )
     episodes = []
@@ -183,6 +197,7 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
             config,
             data.medians.get(channel),
             num_channels=len(data.channels),
+            settling_steps=data.settling_steps,
         )
     ]
     groups = _by_rank_overlap(episodes)
@@ -229,9 +244,8 @@ def _excess_s(group: list[Episode]) -> dict[Channel, float]:
 
 def _costs_s(excess: dict[Channel, float]) -> dict[Channel, float]:
     """`excess`, communication's counted beyond the rank's data and compute excess. A rank
-    that reaches its collectives late finishes them late by as much (collective_finish_s is
-    ready time + busy time): a pipeline stage slow in compute also sends late. Only the rest
-    is the transfer's own."""
+    that reaches its collectives late can finish them late by as much (collective_finish_s
+    is ready time + busy time). Only the rest is the transfer's own."""
     costs = dict(excess)
     if "communication" in costs:
         costs["communication"] -= _late_s(excess)
@@ -266,8 +280,8 @@ def _span(group: list[Episode]) -> tuple[int, int]:
 def _waited_for_another(group: list[Episode], late: list[_LateArrival]) -> bool:
     """The rank is slow in communication only, by no more than `_WAITED_TOLERANCE` times what
     another rank, over at least half of the same steps, loses arriving late: it waited for
-    that rank. A collective's members all finish together, but pipeline neighbours do not: a
-    stage sends to and receives from a late stage late."""
+    that rank. A collective's members all finish together, but ranks in different groups
+    need not: one can finish late because another arrived late."""
     if _main(group).channel != "communication":
         return False
     comm_s = _costs_s(_excess_s(group))["communication"]
@@ -427,8 +441,8 @@ def _impact(
     synchronous: bool,
 ) -> dict[str, Any]:
     """What slow ranks cost the job over `span`: the job's step time lost per step (`lost_s`
-    summed over the span), its share of the job's step time, and that share times the ranks
-    (GPU-equivalents: the GPUs' worth of time spent waiting)."""
+    summed over the span, at most their excess per step), its share of the job's step time,
+    and that share times the ranks (GPU-equivalents: the GPUs' worth of time spent waiting)."""
     num_ranks = int(data.ranks.size)
     job_step_s = data.reference_step_s[span].astype(np.float64)
     valid = np.isfinite(job_step_s)
@@ -443,6 +457,9 @@ def _impact(
         share = excess_s / (expected_s + excess_s)
         method = "excess"
     else:
+        # No more than the ranks' own excess explains: a rank's spikes above its typical
+        # excess, or a wait for another rank, are not what it costs.
+        lost_s = min(lost_s, num_slow_ranks * excess_s * num_steps)
         share = lost_s / total_s if total_s > 0 else 0.0
         method = "counterfactual"
     return {
@@ -491,63 +508,90 @@ def _node_findings(
         if f.node is not None:
             by_node.setdefault(f.node, []).append(f)
     out = [f for f in findings if f.node is None]
-    for node, group in by_node.items():
-        flagged = sorted({f.ranks[0] for f in group})
-        if len(flagged) < 2 or len(flagged) <= config.node_share * ranks_on[node]:
-            out += group
-            continue
-        causes = Counter(f.cause for f in group)
-        cause = causes.most_common(1)[0][0]
-        effect = float(np.median([f.effect or 0.0 for f in group]))
-        expected = float(np.median([f.expected or 0.0 for f in group]))
-        first_step = min(f.first_step or 0 for f in group)
-        last_step = max(int(f.evidence.get("last_seen_step", f.last_step or 0)) for f in group)
-        a, b = (int(i) for i in np.searchsorted(data.steps, [first_step, last_step + 1]))
-        impacts = [f.evidence["impact"] for f in group]
-        lost_s = None
-        if all(i["method"] == "counterfactual" for i in impacts):
-            lost_s = sum(
-                i["step_share"] * _job_time_s(f, data) for i, f in zip(impacts, group, strict=True)
-            )
-        impact = _impact(
-            data,
-            len(flagged),
-            slice(a, b),
-            lost_s,
-            effect * expected,
-            expected,
-            all(f.evidence.get("synchronous") for f in group),
-        )
-        out.append(
-            Finding(
-                job_id=data.job_id,
-                kind="straggler_node",
-                severity=config.severity_of(impact["step_share"], impact["gpus"]),
-                ranks=flagged,
-                node=node,
-                first_step=first_step,
-                last_step=None
-                if any(f.last_step is None for f in group)
-                else max(f.last_step or 0 for f in group),
-                metric="step_s",
-                expected=expected,
-                observed=expected * (1.0 + effect),
-                effect=effect,
-                cause=cause,
-                evidence={
-                    "ranks_on_node": ranks_on[node],
-                    "impact": impact,
-                    "ranks_flagged": len(flagged),
-                    "causes": dict(causes),
-                    "detected_step": min(f.evidence["detected_step"] for f in group),
-                    "per_rank": [
-                        {"rank": f.ranks[0], "kind": f.kind, "cause": f.cause, "effect": f.effect}
-                        for f in group
-                    ],
-                },
-            )
-        )
+    for node, on_node in by_node.items():
+        for group in _overlapping(on_node):
+            flagged = sorted({f.ranks[0] for f in group})
+            if len(flagged) < 2 or len(flagged) <= config.node_share * ranks_on[node]:
+                out += group
+            else:
+                out.append(_node_finding(node, group, flagged, ranks_on[node], data, config))
     return sorted(out, key=lambda f: (f.first_step or 0, f.ranks))
+
+
+def _overlapping(findings: list[Finding]) -> list[list[Finding]]:
+    """Findings grouped where their steps overlap (ranks slow at different times, as a
+    pipeline's stages slowed in turn, are not a slow node)."""
+    groups: list[list[Finding]] = []
+    end = -math.inf
+    for f in sorted(findings, key=lambda f: f.first_step or 0):
+        last = math.inf if f.last_step is None else f.last_step
+        if groups and (f.first_step or 0) <= end:
+            groups[-1].append(f)
+            end = max(end, last)
+        else:
+            groups.append([f])
+            end = last
+    return groups
+
+
+def _node_finding(
+    node: str,
+    group: list[Finding],
+    flagged: list[int],
+    ranks_on_node: int,
+    data: StragglerInput,
+    config: AnalysisConfig,
+) -> Finding:
+    """One straggler_node finding for rank findings on `node` over overlapping steps."""
+    causes = Counter(f.cause for f in group)
+    cause = causes.most_common(1)[0][0]
+    effect = float(np.median([f.effect or 0.0 for f in group]))
+    expected = float(np.median([f.expected or 0.0 for f in group]))
+    first_step = min(f.first_step or 0 for f in group)
+    last_step = max(int(f.evidence.get("last_seen_step", f.last_step or 0)) for f in group)
+    a, b = (int(i) for i in np.searchsorted(data.steps, [first_step, last_step + 1]))
+    impacts = [f.evidence["impact"] for f in group]
+    lost_s = None
+    if all(i["method"] == "counterfactual" for i in impacts):
+        lost_s = sum(
+            i["step_share"] * _job_time_s(f, data) for i, f in zip(impacts, group, strict=True)
+        )
+    impact = _impact(
+        data,
+        len(flagged),
+        slice(a, b),
+        lost_s,
+        effect * expected,
+        expected,
+        all(f.evidence.get("synchronous") for f in group),
+    )
+    return Finding(
+        job_id=data.job_id,
+        kind="straggler_node",
+        severity=config.severity_of(impact["step_share"], impact["gpus"]),
+        ranks=flagged,
+        node=node,
+        first_step=first_step,
+        last_step=None
+        if any(f.last_step is None for f in group)
+        else max(f.last_step or 0 for f in group),
+        metric="step_s",
+        expected=expected,
+        observed=expected * (1.0 + effect),
+        effect=effect,
+        cause=cause,
+        evidence={
+            "ranks_on_node": ranks_on_node,
+            "impact": impact,
+            "ranks_flagged": len(flagged),
+            "causes": dict(causes),
+            "detected_step": min(f.evidence["detected_step"] for f in group),
+            "per_rank": [
+                {"rank": f.ranks[0], "kind": f.kind, "cause": f.cause, "effect": f.effect}
+                for f in group
+            ],
+        },
+    )
 
 
 def _job_time_s(f: Finding, data: StragglerInput) -> float:

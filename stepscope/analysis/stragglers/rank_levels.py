@@ -21,8 +21,13 @@ power grows with the steps and shrinks with the noise:
 - Decision. Among a rank's pieces the lowest is its baseline; a piece is slow when it is
   significantly above the baseline by the floor (and at least half the floor above the
   peers), or significantly above the peers beyond the spread of the ranks' levels by the
-  higher floor. Adjacent slow pieces lasting `min_steps` or more are one stretch, from its
-  first step (the cut, or Page's CUSUM estimate within a piece) to its last.
+  higher floor. Adjacent slow pieces are one stretch, from its first step (the cut, or
+  Page's CUSUM estimate within a piece) to its last.
+- Time to a verdict. A stretch of `min_steps` steps or more is named at the thresholds; a
+  shorter one (down to MIN_STRETCH_STEPS) when its statistic passes them times
+  sqrt(min_steps / steps): it must gather as much excess (sigmas × steps) as a stretch of
+  `min_steps` that just passes, as Page's CUSUM asks. A slowdown large against the noise is
+  then named a few steps after it began, a small one after `min_steps`.
 
 Everything is computed from the steps given (a step segment and its context), so a live
 analysis of the last segment agrees with an analysis of the whole job.
@@ -52,6 +57,8 @@ _BATCH_STEPS = 20
 """Steps per batch mean in the long-run noise estimate."""
 _MIN_SIDE = 10
 """Fewest steps on either side of a cut."""
+MIN_STRETCH_STEPS = _MIN_SIDE
+"""Fewest steps of a stretch named, however large its slowdown."""
 _MAX_CUTS = 8
 """Most cuts per rank's series in one segment."""
 _MAX_SCALE_RANKS = 256
@@ -121,19 +128,29 @@ def slow_stretches(
     residual_s: NDArray[np.floating],
     shift_floor_s: Floats,
     offset_floor_s: Floats,
+    distinct_floor_s: Floats,
     *,
     min_steps: int,
     thresholds: Thresholds,
+    settling_steps: int = 0,
 ) -> list[Stretch]:
     """Stretches of at least `min_steps` steps over which a rank was slow, rank by rank.
 
     `residual_s`: (steps × ranks) residuals against the per-step median over ranks, NaN where
     a rank did not report (counted as typical). Per step in seconds, `shift_floor_s` is the
     smallest rise over the rank's own level that counts, `offset_floor_s` the smallest excess
-    over the peers of a rank slow throughout (hardware is never quite equal).
+    over the peers of a rank slow throughout (hardware is never quite equal), and
+    `distinct_floor_s` the excess over the peers beyond which hardware differences are no
+    explanation: such a rank is tested against the noise of its steps alone, not against the
+    spread of the ranks' levels (which a few ranks cannot tell apart from a straggler).
+
+    With `settling_steps` > 0 the first step is the job's first after its warm-up, so a rank
+    slower there than later may still be warming up: a stretch from the first step is named
+    only if it is slower than its peers too (not only than its own later level) and lasts
+    past `settling_steps`, or is still going on.
     """
     num_steps, num_ranks = residual_s.shape
-    if num_steps < max(min_steps, 2 * _MIN_SIDE) or num_ranks < 2:
+    if num_steps < 2 * _MIN_SIDE or num_ranks < 2:
         return []
     # Column-major: a rank's steps are contiguous for the per-rank sums and medians.
     e = np.array(residual_s, dtype=np.float32, order="F")
@@ -157,12 +174,16 @@ def slow_stretches(
     tau2 *= (1.0 + 2.3 / math.sqrt(num_ranks)) ** 2
 
     absolute = (levels - centre) / math.sqrt(tau2 + long_run * long_run / num_steps)
+    distinct = (levels - centre) / (long_run / math.sqrt(num_steps))
+    distinct_floor = _SCREEN * float(np.mean(distinct_floor_s))
     candidates = np.flatnonzero(
         (_coarse_scan(sums, long_run) >= _SCAN_MARGIN * thresholds.cut)
         | (absolute >= thresholds.level)
+        | ((distinct >= thresholds.level) & (np.max(blocks_s, axis=1) - centre_s >= distinct_floor))
     )
     shift_sums = np.concatenate(([0.0], np.cumsum(shift_floor_s)))
     offset_sums = np.concatenate(([0.0], np.cumsum(offset_floor_s)))
+    distinct_sums = np.concatenate(([0.0], np.cumsum(distinct_floor_s)))
     out = []
     for r in candidates.tolist():
         # Levels in seconds from the rolling median: spikes gone, level shifts kept.
@@ -172,14 +193,24 @@ def slow_stretches(
             sums_s=np.concatenate(([0.0], np.cumsum(smooth_s))),
             shift_sums=shift_sums,
             offset_sums=offset_sums,
+            distinct_sums=distinct_sums,
             centre=centre,
             centre_s=centre_s,
             tau2=tau2,
             long_run=long_run,
             thresholds=thresholds,
+            settling_steps=settling_steps,
         )
         out += series.stretches(r, min_steps)
     return out
+
+
+def _length_factor(steps: Floats, min_steps: int) -> Floats:
+    """How much higher than the thresholds a stretch of `steps` steps must score: 1 from
+    `min_steps` on, sqrt(min_steps / steps) below (infinite below MIN_STRETCH_STEPS)."""
+    with np.errstate(divide="ignore"):
+        factor = np.sqrt(np.maximum(min_steps / steps, 1.0))
+    return np.where(steps >= MIN_STRETCH_STEPS, factor, np.inf)
 
 
 def _standardised(e: NDArray[np.float32]) -> NDArray[np.float32]:
@@ -301,6 +332,7 @@ class _Piece:
     """Mean residual in seconds (of the rolling median: spikes left out)."""
     shift_floor_s: float
     offset_floor_s: float
+    distinct_floor_s: float
 
     @property
     def n(self) -> int:
@@ -315,11 +347,13 @@ class _Series:
     sums_s: Floats
     shift_sums: Floats
     offset_sums: Floats
+    distinct_sums: Floats
     centre: float
     centre_s: float
     tau2: float
     long_run: float
     thresholds: Thresholds
+    settling_steps: int
 
     def stretches(self, rank_index: int, min_steps: int) -> list[Stretch]:
         pieces = [self._piece(a, b) for a, b in self._segments()]
@@ -342,8 +376,13 @@ class _Series:
                 first = self._onset(first, run[0][0])
             if run[-1][2] == "peers" and stop < self.sums.size - 1:
                 stop = self._offset(first, stop, run[-1][0])
-            if stop - first >= min_steps:
-                _, statistic, reference = max(run, key=lambda s: s[1])
+            if first == 0 and self.settling_steps and not self._settled(run, stop):
+                i = j + 1
+                continue
+            _, statistic, reference = max(run, key=lambda s: s[1])
+            threshold = self.thresholds.cut if reference == "own" else self.thresholds.level
+            steps = np.array([stop - first], dtype=np.float64)
+            if statistic >= threshold * float(_length_factor(steps, min_steps)[0]):
                 out.append(
                     Stretch(
                         rank_index=rank_index,
@@ -356,6 +395,13 @@ class _Series:
                 )
             i = j + 1
         return out
+
+    def _settled(self, run: list[tuple[_Piece, float, str]], stop: int) -> bool:
+        """Whether a run of slow pieces from the first step after the job's warm-up is more
+        than the rank's own warm-up going on: slow against its peers, and still slow past
+        `settling_steps` (or at the last step seen)."""
+        lasting = stop >= self.settling_steps or stop == self.sums.size - 1
+        return lasting and any(self._slow_vs_peers(p) is not None for p, _, _ in run)
 
     def _segments(self) -> list[tuple[int, int]]:
         """Binary segmentation: cuts kept while significant, at most _MAX_CUTS."""
@@ -399,6 +445,7 @@ class _Series:
             level_s=float(self.sums_s[b] - self.sums_s[a]) / n,
             shift_floor_s=float(self.shift_sums[b] - self.shift_sums[a]) / n,
             offset_floor_s=float(self.offset_sums[b] - self.offset_sums[a]) / n,
+            distinct_floor_s=float(self.distinct_sums[b] - self.distinct_sums[a]) / n,
         )
 
     def _slow(self, p: _Piece, base: _Piece) -> tuple[float, str] | None:
@@ -408,8 +455,13 @@ class _Series:
             stat = (p.level - base.level) / (self.long_run * math.sqrt(1.0 / p.n + 1.0 / base.n))
             if stat >= self.thresholds.cut and p.level_s - base.level_s >= p.shift_floor_s:
                 return stat, "own"
+        return self._slow_vs_peers(p)
+
+    def _slow_vs_peers(self, p: _Piece) -> tuple[float, str] | None:
+        above_peers_s = p.level_s - self.centre_s
         if above_peers_s >= p.offset_floor_s:
-            stat = (p.level - self.centre) / math.sqrt(self.tau2 + self.long_run**2 / p.n)
+            tau2 = 0.0 if above_peers_s >= p.distinct_floor_s else self.tau2
+            stat = (p.level - self.centre) / math.sqrt(tau2 + self.long_run**2 / p.n)
             if stat >= self.thresholds.level:
                 return stat, "peers"
         return None
@@ -431,22 +483,28 @@ class _Series:
         return start + int(np.argmax(np.cumsum(gain))) + 1
 
     def _confirmed(self, first: int, stop: int, base: _Piece, min_steps: int) -> int:
-        """First position from which the steps since `first` alone confirm the stretch."""
-        t = np.arange(first + min_steps, stop + 1)  # exclusive ends
+        """First position from which the steps since `first` alone confirm the stretch (at
+        the thresholds scaled for their number, as the stretch itself)."""
+        t = np.arange(first + MIN_STRETCH_STEPS, stop + 1)  # exclusive ends
         if t.size == 0:
             return stop - 1
         n = (t - first).astype(np.float64)
+        factor = _length_factor(n, min_steps)
         level = (self.sums[t] - self.sums[first]) / n
         level_s = (self.sums_s[t] - self.sums_s[first]) / n
         shift_floor_s = (self.shift_sums[t] - self.shift_sums[first]) / n
         offset_floor_s = (self.offset_sums[t] - self.offset_sums[first]) / n
+        distinct_floor_s = (self.distinct_sums[t] - self.distinct_sums[first]) / n
         with np.errstate(all="ignore"):
-            absolute = (level - self.centre) / np.sqrt(self.tau2 + self.long_run**2 / n)
-        ok = (absolute >= self.thresholds.level) & (level_s - self.centre_s >= offset_floor_s)
+            tau2 = np.where(level_s - self.centre_s >= distinct_floor_s, 0.0, self.tau2)
+            absolute = (level - self.centre) / np.sqrt(tau2 + self.long_run**2 / n)
+        ok = (absolute >= self.thresholds.level * factor) & (
+            level_s - self.centre_s >= offset_floor_s
+        )
         if base.stop <= first:
             shift = (level - base.level) / (self.long_run * np.sqrt(1.0 / n + 1.0 / base.n))
             ok |= (
-                (shift >= self.thresholds.cut)
+                (shift >= self.thresholds.cut * factor)
                 & (level_s - base.level_s >= shift_floor_s)
                 & (level_s - self.centre_s >= 0.5 * shift_floor_s)
             )

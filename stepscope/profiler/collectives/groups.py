@@ -114,11 +114,19 @@ class GroupRegistry:
         return True
 
     def add_stage(self, stage_index: int, num_stages: int, group: Any) -> None:
-        """A pipeline stage: this rank's coordinate along "pp", and its group's label."""
-        self.mesh["pp"] = [int(stage_index), int(num_stages)]
+        """A pipeline stage: this rank's coordinate along "pp", and its group's label.
+
+        With several stages per rank (interleaved and V schedules: num_stages a multiple of
+        the group's size) the coordinate is the rank's place in its pipeline group, as a
+        DeviceMesh's "pp" dimension has it, whichever of its stages was built last; it is
+        also the first stage it holds (stage r, r + size, ...; or r and 2 size - 1 - r)."""
         group = group if group is not None else dist.group.WORLD
-        if group is not None and num_stages == _size_of(group):
+        size = _size_of(group) if group is not None else 0
+        if size and num_stages % size == 0:
+            self.mesh["pp"] = [int(dist.get_rank(group)), size]
             self.mesh_dims[self.of(group).name] = "pp"
+        else:
+            self.mesh["pp"] = [int(stage_index), int(num_stages)]
 
 
 def _name_of(pg: Any) -> str:
