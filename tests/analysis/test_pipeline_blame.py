@@ -159,3 +159,15 @@ def test_stages_of_one_node_slowed_in_turn_are_each_named_not_the_node() -> None
     for f, (_, first, last) in zip(found, slowed, strict=True):
         assert f.first_step == pytest.approx(first, abs=5)
         assert f.last_step == pytest.approx(last, abs=5)
+
+
+def test_a_stage_heavier_by_design_is_not_a_straggler() -> None:
+    # The head's stage computes 40% more than the others from the first step on: stages
+    # differ by design, and one slower than the others throughout is no straggler.
+    frames = pipeline_steps([(NUM_STAGES - 1, 0, NUM_STEPS - 1)], 0.4 * COMPUTE_S)
+    assert stragglers(findings_of(frames)) == []
+    # The same excess without pipeline stages (4 data-parallel ranks) is one.
+    plain = {**frames, "ranks": frames["ranks"].drop("mesh")}
+    assert [(f.ranks, f.cause) for f in stragglers(findings_of(plain))] == [
+        ([NUM_STAGES - 1], "compute")
+    ]

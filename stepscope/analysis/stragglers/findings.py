@@ -131,6 +131,7 @@ def channel_episodes(
     *,
     num_channels: int = 1,
     settling_steps: int = 0,
+    peers: bool = True,
 ) -> list[Episode]:
     """Episodes of ranks persistently above the per-step median of `x` (given or computed)."""
     num_steps, num_ranks = x.shape
@@ -146,6 +147,7 @@ def channel_episodes(
         _floor_s(config.distinct_offset, median, reference_step_s, config),
         min_steps=config.min_steps,
         settling_steps=settling_steps,
+        peers=peers,
         thresholds=Thresholds.of(num_steps, num_ranks, num_channels, config.max_p_value),
     )
     episodes = []
@@ -186,7 +188,12 @@ def _floor_s(
 
 
 def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Finding]:
-    """straggler_rank / gpu_throttling findings, and straggler_node where most of a node is slow."""
+    """straggler_rank / gpu_throttling findings, and straggler_node where most of a node is slow.
+
+    A pipeline's stages differ by design (the embeddings' and the head's stages): there a rank
+    is slow only against its own level before or after, never for being slower than the other
+    stages throughout."""
+    stages = {s for mesh in data.meshes.values() if (s := pipeline_stage(mesh)) is not None}
     episodes = [
         e
         for channel, x in data.channels.items()
@@ -198,6 +205,7 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
             data.medians.get(channel),
             num_channels=len(data.channels),
             settling_steps=data.settling_steps,
+            peers=len(stages) < 2,
         )
     ]
     groups = _by_rank_overlap(episodes)

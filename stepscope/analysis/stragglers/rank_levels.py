@@ -133,6 +133,7 @@ def slow_stretches(
     min_steps: int,
     thresholds: Thresholds,
     settling_steps: int = 0,
+    peers: bool = True,
 ) -> list[Stretch]:
     """Stretches of at least `min_steps` steps over which a rank was slow, rank by rank.
 
@@ -147,7 +148,8 @@ def slow_stretches(
     With `settling_steps` > 0 the first step is the job's first after its warm-up, so a rank
     slower there than later may still be warming up: a stretch from the first step is named
     only if it is slower than its peers too (not only than its own later level) and lasts
-    past `settling_steps`, or is still going on.
+    past `settling_steps`, or is still going on. With `peers` False (ranks that differ by
+    design, as a pipeline's stages) a rank is slow only against its own level elsewhere.
     """
     num_steps, num_ranks = residual_s.shape
     if num_steps < 2 * _MIN_SIDE or num_ranks < 2:
@@ -176,6 +178,8 @@ def slow_stretches(
     absolute = (levels - centre) / math.sqrt(tau2 + long_run * long_run / num_steps)
     distinct = (levels - centre) / (long_run / math.sqrt(num_steps))
     distinct_floor = _SCREEN * float(np.mean(distinct_floor_s))
+    if not peers:
+        absolute = distinct = np.full(num_ranks, -np.inf)
     candidates = np.flatnonzero(
         (_coarse_scan(sums, long_run) >= _SCAN_MARGIN * thresholds.cut)
         | (absolute >= thresholds.level)
@@ -200,6 +204,7 @@ def slow_stretches(
             long_run=long_run,
             thresholds=thresholds,
             settling_steps=settling_steps,
+            peers=peers,
         )
         out += series.stretches(r, min_steps)
     return out
@@ -354,6 +359,7 @@ class _Series:
     long_run: float
     thresholds: Thresholds
     settling_steps: int
+    peers: bool
 
     def stretches(self, rank_index: int, min_steps: int) -> list[Stretch]:
         pieces = [self._piece(a, b) for a, b in self._segments()]
@@ -459,7 +465,7 @@ class _Series:
 
     def _slow_vs_peers(self, p: _Piece) -> tuple[float, str] | None:
         above_peers_s = p.level_s - self.centre_s
-        if above_peers_s >= p.offset_floor_s:
+        if self.peers and above_peers_s >= p.offset_floor_s:
             tau2 = 0.0 if above_peers_s >= p.distinct_floor_s else self.tau2
             stat = (p.level - self.centre) / math.sqrt(tau2 + self.long_run**2 / p.n)
             if stat >= self.thresholds.level:
@@ -498,8 +504,10 @@ class _Series:
         with np.errstate(all="ignore"):
             tau2 = np.where(level_s - self.centre_s >= distinct_floor_s, 0.0, self.tau2)
             absolute = (level - self.centre) / np.sqrt(tau2 + self.long_run**2 / n)
-        ok = (absolute >= self.thresholds.level * factor) & (
-            level_s - self.centre_s >= offset_floor_s
+        ok = (
+            self.peers
+            & (absolute >= self.thresholds.level * factor)
+            & (level_s - self.centre_s >= offset_floor_s)
         )
         if base.stop <= first:
             shift = (level - base.level) / (self.long_run * np.sqrt(1.0 / n + 1.0 / base.n))
