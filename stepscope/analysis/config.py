@@ -37,6 +37,11 @@ class AnalysisConfig:
     noise of its own steps, not against the spread of the ranks' levels (which a job of a few
     ranks cannot tell apart from a straggler); 25%."""
 
+    stage_offset: float = 1.0
+    """In a pipeline, whose stages differ by design, the excess over the other stages from
+    which a stage slow throughout is named (tested against the noise of its steps): a stage
+    twice the median stage holds the whole pipeline back, by design or not; 100%."""
+
     min_step_share: float = 0.005
     """Smallest straggler reported, relative to the job's step time (a small metric such as
     data_s needs this much of the step to count)."""
@@ -106,8 +111,8 @@ class AnalysisConfig:
                 raise ValueError(f"{name} must be in (0, 1)")
         if not (0 < self.min_effect < 1 and 0 < self.min_offset < 1):
             raise ValueError("min_effect and min_offset must be in (0, 1)")
-        if self.distinct_offset <= self.min_offset:
-            raise ValueError("distinct_offset must be above min_offset")
+        if not self.min_offset < self.distinct_offset <= self.stage_offset:
+            raise ValueError("need min_offset < distinct_offset <= stage_offset")
         if not 0 <= self.min_step_share < 1:
             raise ValueError("min_step_share must be in [0, 1)")
         if not 0 < self.warning_impact <= self.critical_impact:

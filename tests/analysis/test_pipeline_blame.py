@@ -171,3 +171,17 @@ def test_a_stage_heavier_by_design_is_not_a_straggler() -> None:
     assert [(f.ranks, f.cause) for f in stragglers(findings_of(plain))] == [
         ([NUM_STAGES - 1], "compute")
     ]
+
+
+def test_a_stage_slowed_from_the_warm_ups_end_is_named_beyond_twice_the_other_stages() -> None:
+    # The job: stage 2 sleeps from the first step after warm-up, +150% of its compute
+    # (a stage twice the median stage holds the pipeline back, by design or not).
+    frames = pipeline_steps([(2, 10, NUM_STEPS - 1)], 1.5 * COMPUTE_S)
+    [f] = stragglers(findings_of(frames))
+    assert (f.ranks, f.cause, f.evidence["stage"], f.first_step, f.last_step) == (
+        [2],
+        "compute",
+        2,
+        10,
+        None,
+    )

@@ -144,7 +144,12 @@ def channel_episodes(
         residual,
         _floor_s(config.min_effect, median, reference_step_s, config),
         _floor_s(config.min_offset, median, reference_step_s, config),
-        _floor_s(config.distinct_offset, median, reference_step_s, config),
+        _floor_s(
+            config.distinct_offset if peers else config.stage_offset,
+            median,
+            reference_step_s,
+            config,
+        ),
         min_steps=config.min_steps,
         settling_steps=settling_steps,
         peers=peers,
@@ -191,8 +196,7 @@ def straggler_findings(data: StragglerInput, config: AnalysisConfig) -> list[Fin
     """straggler_rank / gpu_throttling findings, and straggler_node where most of a node is slow.
 
     A pipeline's stages differ by design (the embeddings' and the head's stages): there a rank
-    is slow only against its own level before or after, never for being slower than the other
-    stages throughout."""
+    is slow against the other stages only beyond `stage_offset`."""
     stages = {s for mesh in data.meshes.values() if (s := pipeline_stage(mesh)) is not None}
     episodes = [
         e

@@ -149,7 +149,8 @@ def slow_stretches(
     slower there than later may still be warming up: a stretch from the first step is named
     only if it is slower than its peers too (not only than its own later level) and lasts
     past `settling_steps`, or is still going on. With `peers` False (ranks that differ by
-    design, as a pipeline's stages) a rank is slow only against its own level elsewhere.
+    design, as a pipeline's stages) the spread of the ranks' levels says nothing: a rank is
+    slow against its peers only beyond `distinct_floor_s`.
     """
     num_steps, num_ranks = residual_s.shape
     if num_steps < 2 * _MIN_SIDE or num_ranks < 2:
@@ -179,7 +180,7 @@ def slow_stretches(
     distinct = (levels - centre) / (long_run / math.sqrt(num_steps))
     distinct_floor = _SCREEN * float(np.mean(distinct_floor_s))
     if not peers:
-        absolute = distinct = np.full(num_ranks, -np.inf)
+        absolute = np.full(num_ranks, -np.inf)
     candidates = np.flatnonzero(
         (_coarse_scan(sums, long_run) >= _SCAN_MARGIN * thresholds.cut)
         | (absolute >= thresholds.level)
@@ -465,8 +466,9 @@ class _Series:
 
     def _slow_vs_peers(self, p: _Piece) -> tuple[float, str] | None:
         above_peers_s = p.level_s - self.centre_s
-        if self.peers and above_peers_s >= p.offset_floor_s:
-            tau2 = 0.0 if above_peers_s >= p.distinct_floor_s else self.tau2
+        distinct = above_peers_s >= p.distinct_floor_s
+        if distinct or (self.peers and above_peers_s >= p.offset_floor_s):
+            tau2 = 0.0 if distinct else self.tau2
             stat = (p.level - self.centre) / math.sqrt(tau2 + self.long_run**2 / p.n)
             if stat >= self.thresholds.level:
                 return stat, "peers"
@@ -501,11 +503,12 @@ class _Series:
         shift_floor_s = (self.shift_sums[t] - self.shift_sums[first]) / n
         offset_floor_s = (self.offset_sums[t] - self.offset_sums[first]) / n
         distinct_floor_s = (self.distinct_sums[t] - self.distinct_sums[first]) / n
+        distinct = level_s - self.centre_s >= distinct_floor_s
         with np.errstate(all="ignore"):
-            tau2 = np.where(level_s - self.centre_s >= distinct_floor_s, 0.0, self.tau2)
+            tau2 = np.where(distinct, 0.0, self.tau2)
             absolute = (level - self.centre) / np.sqrt(tau2 + self.long_run**2 / n)
         ok = (
-            self.peers
+            (distinct | self.peers)
             & (absolute >= self.thresholds.level * factor)
             & (level_s - self.centre_s >= offset_floor_s)
         )
