@@ -76,3 +76,21 @@ def test_a_large_slowdown_is_confirmed_sooner_than_a_small_one() -> None:
 
     small, large = detected(1.03), detected(1.4)
     assert large < small, (large, small)
+
+
+def test_a_large_slowdown_from_the_warm_ups_end_that_recovers_is_named() -> None:
+    # The demo's data loader: slow from the first step compared for 40 steps (less than a
+    # window), far beyond a warm-up's tail.
+    warmup = AnalysisConfig().warmup_steps
+    spec = JobSpec(
+        num_ranks=4,
+        num_steps=100,
+        seed=5,
+        stragglers=(
+            Straggler(ranks=(1,), factor=1.3, cause="data", from_step=warmup, until_step=60),
+        ),
+    )
+    found = _stragglers(spec)
+    assert [(f.ranks, f.cause, f.first_step, f.last_step) for f in found] == [
+        ([1], "data", warmup, 59)
+    ]

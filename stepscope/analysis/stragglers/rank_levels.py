@@ -405,10 +405,15 @@ class _Series:
 
     def _settled(self, run: list[tuple[_Piece, float, str]], stop: int) -> bool:
         """Whether a run of slow pieces from the first step after the job's warm-up is more
-        than the rank's own warm-up going on: slow against its peers, and still slow past
-        `settling_steps` (or at the last step seen)."""
+        than the rank's own warm-up going on: slow against its peers, and either still slow
+        past `settling_steps` (or at the last step seen) or beyond `distinct_floor_s` (a
+        warm-up's tail is a few percent)."""
         lasting = stop >= self.settling_steps or stop == self.sums.size - 1
-        return lasting and any(self._slow_vs_peers(p) is not None for p, _, _ in run)
+        return any(
+            self._slow_vs_peers(p) is not None
+            and (lasting or p.level_s - self.centre_s >= p.distinct_floor_s)
+            for p, _, _ in run
+        )
 
     def _segments(self) -> list[tuple[int, int]]:
         """Binary segmentation: cuts kept while significant, at most _MAX_CUTS."""
