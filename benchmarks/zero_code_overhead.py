@@ -41,7 +41,7 @@ so that zero-code has found its root and dropped its global module hooks (after 
 then, a block per turn, its forwards are timed (training thread CPU, grad on, train mode) in
 a plain process and under zero-code: the difference over 152 is zero-code's cost per module
 call after discovery. In each process the model is also timed against an identical twin
-that was never a root (no hook at all), and the global module hooks left are counted.
+that was never a root (not timed at all), and the global module hooks left are counted.
 
 TraceML has a venv of its own (traceml-ai 0.5, torch pinned to this one's version so that pip
 takes the local CPU wheel; the same interpreter), made once under ~/.cache/stepscope-bench;
@@ -302,11 +302,19 @@ def module_calls(arm: str, turns_port: int, forwards: int, blocks: int) -> dict[
     result = {
         "root_us": statistics.median(times_us["root"]),
         "twin_us": statistics.median(times_us["twin"]),
-        "root_hooks": len(model._forward_pre_hooks) + len(model._forward_hooks),
+        "root_timing": _root_timing(model),
     }
     if arm in ZERO_CODE_ARMS:
         result.update(_zero_code_state())
     return result
+
+
+def _root_timing(model: nn.Module) -> str:
+    """How zero-code times the root's forward: through its call, or with its own hooks."""
+    num_hooks = len(model._forward_pre_hooks) + len(model._forward_hooks)
+    if vars(model).get("_compiled_call_impl") is not None:
+        return f"its call wrapped, {num_hooks} hooks"
+    return f"{num_hooks} hooks"
 
 
 def arm_main(args: argparse.Namespace) -> None:
@@ -662,7 +670,7 @@ def print_module_calls(results: dict[str, list[dict[str, Any]]]) -> None:
     control = _interval(*median_ci([p["root_us"] - p["twin_us"] for p in plain]), 2)
     print(
         f"  the model less its never-rooted twin, a forward: under zero-code {root} µs (the "
-        f"root's {zero[0]['root_hooks']} hooks), plain {control} µs; global module hooks left: "
+        f"root: {zero[0]['root_timing']}), plain {control} µs; global module hooks left: "
         f"{_each(zero, 'global_hooks')} (goal 0)"
     )
 

@@ -39,7 +39,7 @@ from stepscope.profiler.shipping.otlp import build_otlp_metrics
 from stepscope.profiler.shipping.shipper import Shipper
 from stepscope.profiler.telemetry.capture import DeepCapture, build_capture
 from stepscope.profiler.telemetry.flops import measure_flops, peak_flops_for
-from stepscope.profiler.timer import Clock, build_clock
+from stepscope.profiler.timer import Clock, Mark, build_clock
 from stepscope.schema import EVENT_KINDS, STEPS
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,9 @@ class ActiveProfiler(Profiler):
         self._watchdog: Watchdog | None = None
         self._resumed_from: int | None = None
         self._failed_step: int | None = None
-        self._open_sections: list[Section] = []
-        """Sections opened by begin_section(), innermost last."""
+        self._open_sections: list[tuple[str, Mark, str | None]] = []
+        """Sections opened by begin_section(), innermost last: (name, start mark, the section
+        open before it)."""
         job_id = config.job_id or f"{env.node}-{env.pid}-{int(time.time())}"
         self.job_id = job_id
         self.incarnation = uuid.uuid4().hex
@@ -221,19 +222,39 @@ class ActiveProfiler(Profiler):
         except Exception as exc:
             self._fail(exc)
 
+    # begin_section and end_section run a few times a step under zero-code and the adapters:
+    # what entering and leaving a Section does, on a (name, start, outer) entry, without a
+    # Section object and its two calls.
+
     def begin_section(self, name: str) -> None:
         if self._broken:
             return
-        section = Section(self, name)
-        section.__enter__()
-        self._open_sections.append(section)
+        try:
+            if self._unobserved:  # a boundary: see Loop._unobserved
+                self._tap.observe()
+            self._open_sections.append((name, self._clock.mark(), self._section))
+            self._section = name  # for the watchdog
+        except Exception as exc:
+            self._fail(exc)
 
     def end_section(self, name: str) -> None:
         sections = self._open_sections
-        for i in range(len(sections) - 1, -1, -1):
-            if sections[i].name == name:
-                sections.pop(i).__exit__(None, None, None)
-                return
+        i = len(sections) - 1
+        while i >= 0 and sections[i][0] != name:  # the innermost, as a rule
+            i -= 1
+        if i < 0:
+            return
+        _, start, self._section = sections.pop(i)
+        if self._broken:
+            return
+        try:
+            if self._unobserved:
+                self._tap.observe()
+            current = self._current
+            if current is not None:
+                current.spans.append((name, start, self._clock.mark()))
+        except Exception as exc:
+            self._fail(exc)
 
     def record_data_wait(self, waited_s: float, *, started_at: float) -> None:
         current = self._current
@@ -317,22 +338,28 @@ class ActiveProfiler(Profiler):
             self.shipper.update_source(mesh=dict(groups.mesh))
         return not is_model
 
-    @_fail_open()
     def record(
         self, *, tokens: int | None = None, samples: int | None = None, **custom: Any
     ) -> None:
-        values = self._current.values if self._current is not None else self._pre_values
-        if tokens is not None:
-            values["tokens"] = int(tokens)
-        if samples is not None:
-            values["samples"] = int(samples)
-        for key, value in custom.items():
-            if key in _STEP_COLUMNS:
-                values[key] = value
-            elif self._current is not None:
-                self._current.custom[key] = value
-            else:
-                values.setdefault("_custom", {})[key] = value
+        # Every step, by hand and under zero-code: fail-open inline, without _fail_open's frame.
+        if self._broken:
+            return
+        try:
+            current = self._current
+            values = current.values if current is not None else self._pre_values
+            if tokens is not None:
+                values["tokens"] = int(tokens)
+            if samples is not None:
+                values["samples"] = int(samples)
+            for key, value in custom.items():
+                if key in _STEP_COLUMNS:
+                    values[key] = value
+                elif current is not None:
+                    current.custom[key] = value
+                else:
+                    values.setdefault("_custom", {})[key] = value
+        except Exception as exc:
+            self._fail(exc)
 
     @_fail_open()
     def set_work_counts(

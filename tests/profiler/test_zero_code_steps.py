@@ -6,6 +6,8 @@ starts ships to a real collector, and `hooks.uninstall()` closes it before the r
 
 from __future__ import annotations
 
+import copy
+import io
 import math
 import time
 import uuid
@@ -340,10 +342,9 @@ def hooked_modules(model: nn.Module) -> list[str]:
 
 
 @pytest.mark.parametrize("with_optimizer", [True, False])
-def test_after_discovery_only_the_root_module_carries_hooks(
-    zero_code: Job, with_optimizer: bool
-) -> None:
-    """nn.Module keeps its fast path in every module but the root once the root is known."""
+def test_after_discovery_no_module_carries_hooks(zero_code: Job, with_optimizer: bool) -> None:
+    """nn.Module keeps its fast path in every module, the root's forward still timed, once the
+    root is known."""
     from torch.nn.modules import module
 
     num_steps = hooks.DISCOVERY_STEPS + 2
@@ -357,9 +358,27 @@ def test_after_discovery_only_the_root_module_carries_hooks(
             optimizer.zero_grad()
     assert not module._global_forward_pre_hooks
     assert not module._global_forward_hooks
-    assert hooked_modules(model) == ["root"]
-    assert len(zero_code.steps()) == num_steps
-    assert hooked_modules(model) == []  # uninstalled
+    assert hooked_modules(model) == []
+    rows = zero_code.steps()
+    assert len(rows) == num_steps
+    assert all(row["forward_s"] > 0 for row in rows), rows
+    assert model._compiled_call_impl is None  # uninstalled
+
+
+def test_a_model_copied_and_saved_after_discovery_trains_on(zero_code: Job) -> None:
+    """copy.deepcopy (an EMA model) and torch.save of the root, as without stepscope."""
+    num_steps = hooks.DISCOVERY_STEPS + 3
+    model = build_model()
+    optimizer = SGD(model.parameters(), lr=0.01)
+    for index, batch in enumerate(build_loader(num_steps)):
+        if index == num_steps - 1:
+            ema = copy.deepcopy(model)
+            torch.save(model, io.BytesIO())
+            assert ema._compiled_call_impl is None
+        optimizer.zero_grad()
+        loss_of(model, batch).backward()
+        optimizer.step()
+    assert_training_steps(zero_code.steps(), num_steps, samples=BATCH)
 
 
 def test_distributed_checkpoint_save_and_load_are_phases(zero_code: Job, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ script started profiling itself. While zero-code owns the steps, the loop's sign
 - data waits: `_BaseDataLoaderIter.__next__` (torch's iterators and torchdata's
   StatefulDataLoader, which calls it);
 - forwards of root modules (found with global module hooks during the first steps, then
-  per-module hooks on the roots alone, so the other modules keep nn.Module's fast path);
+  timed on the roots alone, so the other modules keep nn.Module's fast path: a root's call
+  goes through zero-code's `_compiled_call_impl`, or its own hooks where that cannot be);
 - backward: torch.autograd's `_engine_run_backward`;
 - optimizer updates: the global optimizer step hooks and `GradScaler.step`.
 No hook acts inside a compiled region or during CUDA graph capture, or off the training thread.
@@ -25,6 +26,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from threading import get_ident
 from types import ModuleType
 from typing import Any
 
@@ -53,17 +55,17 @@ class ZeroCode:
         self.patches = Patches()
         self._module_hooks = Patches()
         self._roots: dict[int, Any] = {}
-        self._roots_hooked = False
-        """The roots carry hooks of their own; the global ones are gone."""
+        self._roots_found = False
+        """The roots are timed on their own (discovery ended); the global hooks are gone."""
         self._depth = 0
         self._timed: list[bool] = []
         """Per root forward in progress: whether it is timed as a section."""
         self._grad_enabled: Callable[[], bool] = _never
         self._thread_id = threading.get_ident()
         self._pid = os.getpid()
-        self._capturing: Callable[[], bool] | None = None
-        """Whether the current CUDA stream captures a graph (None: no CUDA here)."""
         self._is_compiling: Callable[[], bool] = _never
+        self._unobservable: Callable[[], bool] = _never
+        """In a compiled region, or while the current CUDA stream captures a graph."""
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -129,10 +131,12 @@ class ZeroCode:
         from torch.optim import optimizer
         from torch.utils.data import dataloader
 
-        self._is_compiling = torch.compiler.is_compiling
+        self._is_compiling = is_compiling = torch.compiler.is_compiling
         self._grad_enabled = torch.is_grad_enabled
+        self._unobservable = is_compiling
         if torch.cuda.is_available():
-            self._capturing = torch.cuda.is_current_stream_capturing
+            capturing = torch.cuda.is_current_stream_capturing
+            self._unobservable = lambda: is_compiling() or capturing()
         patches = self.patches
         patches.wrap(optimizer.Optimizer, "__init__", self._optimizer_init)
         patches.handle(optimizer.register_optimizer_step_pre_hook(self._optimizer_pre))
@@ -158,25 +162,29 @@ class ZeroCode:
         return __init__
 
     # Each signal below is fail-open: an error turns zero-code's steps off (_fail), never
-    # reaching training. The try blocks are inline: they run a few times a step.
+    # reaching training. The try blocks and the checks that a signal is observed (on the
+    # training thread, outside compiled regions and CUDA graph capture) are inline: they run a
+    # few times a step.
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
-        if inference is not None and self._observed():
-            try:
-                inference.optimizer_begins()
-            except Exception as exc:
-                self._fail(exc)
+        if inference is None or get_ident() != self._thread_id or self._unobservable():
+            return
+        try:
+            inference.optimizer_begins()
+        except Exception as exc:
+            self._fail(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inference = self.inference
-        if inference is not None and self._observed():
-            try:
-                inference.optimizer_ends()
-                if not self._roots_hooked:
-                    self._end_discovery(inference)
-            except Exception as exc:
-                self._fail(exc)
+        if inference is None or get_ident() != self._thread_id or self._unobservable():
+            return
+        try:
+            inference.optimizer_ends()
+            if not self._roots_found:
+                self._end_discovery(inference)
+        except Exception as exc:
+            self._fail(exc)
 
     def _scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         zero_code = self
@@ -184,7 +192,11 @@ class ZeroCode:
         @functools.wraps(original)
         def step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
             inference = zero_code.inference
-            if inference is None or not zero_code._observed():
+            if (
+                inference is None
+                or get_ident() != zero_code._thread_id
+                or zero_code._unobservable()
+            ):
                 return original(scaler, *args, **kwargs)
             # A step the scaler skips is still an update's step.
             zero_code._optimizer_pre(None, None, None)
@@ -204,10 +216,10 @@ class ZeroCode:
             if zero_code.state == "waiting":
                 zero_code.activate()
             inference = zero_code.inference
-            if inference is None or threading.get_ident() != zero_code._thread_id:
+            if inference is None or get_ident() != zero_code._thread_id:
                 return original(iterator)
             try:
-                if not zero_code._roots_hooked:
+                if not zero_code._roots_found:
                     zero_code._end_discovery(inference)
                 inference.data_wait_begins()
             except Exception as exc:
@@ -232,7 +244,7 @@ class ZeroCode:
                 zero_code.activate()
             inference = zero_code.inference
             # Not in a compiled region: dynamo does not trace a backward() call.
-            if inference is None or threading.get_ident() != zero_code._thread_id:
+            if inference is None or get_ident() != zero_code._thread_id:
                 return original(*args, **kwargs)
             try:
                 inference.backward_begins()
@@ -288,13 +300,6 @@ class ZeroCode:
                 "exception", f"stepscope zero-code failed, its steps are off: {exc!r}"
             )
 
-    def _observed(self) -> bool:
-        """On the training thread, outside compiled regions and CUDA graph capture."""
-        if threading.get_ident() != self._thread_id or self._is_compiling():
-            return False
-        capturing = self._capturing
-        return capturing is None or not capturing()
-
     # ---- root modules ----------------------------------------------------------------------
 
     def _watch_roots_globally(self) -> None:
@@ -310,23 +315,56 @@ class ZeroCode:
         hooks.on_undo(functools.partial(_remove_filter, warnings.filters[0]))
 
     def _end_discovery(self, inference: StepInference) -> None:
-        """After the first steps, per-module hooks on the roots; the global ones go (called
+        """After the first steps, the roots alone are timed; the global hooks go (called
         outside any module's forward)."""
         if inference.num_steps <= DISCOVERY_STEPS:
             return
+        from torch.nn.modules.module import Module
+
         self._module_hooks.undo()
-        self._roots_hooked = True
+        self._roots_found = True
         hooks = self._module_hooks
         for root in self._roots.values():
-            # First in, last out: the forward includes the root's own hooks (FSDP2 gathers the
-            # root's parameters in its pre-forward hook), as global hooks and step() see it.
-            hooks.handle(root.register_forward_pre_hook(self._root_pre, prepend=True))
-            hooks.handle(root.register_forward_hook(self._root_post, always_call=True))
+            # The forward includes the root's own hooks (FSDP2 gathers the root's parameters in
+            # its pre-forward hook), as global hooks and step() see it.
+            if type(root).__call__ is Module.__call__ and vars(root).get(_CALL) is None:
+                # nn.Module.__call__ calls an instance's `_compiled_call_impl` (module.compile()
+                # sets it) in place of `_call_impl`. Hooks would cost the root nn.Module's slow
+                # path (~17k instructions a call), and, bound to zero-code, make copy.deepcopy
+                # and torch.save of the model fail; copies and pickles drop this attribute.
+                call = functools.partial(self._call_root, root)
+                setattr(root, _CALL, call)
+                hooks.on_undo(functools.partial(_unwrap_root, root, call))
+            else:  # its own __call__, or compiled: first in, last out
+                hooks.handle(root.register_forward_pre_hook(self._root_pre, prepend=True))
+                hooks.handle(root.register_forward_hook(self._root_post, always_call=True))
+
+    def _call_root(self, root: Any, *args: Any, **kwargs: Any) -> Any:
+        """A root's call, its forward timed (hooks included), as _root_pre and _root_post do."""
+        inference = self.inference
+        if inference is None or get_ident() != self._thread_id or self._unobservable():
+            return root._call_impl(*args, **kwargs)
+        try:
+            timed = inference.forward_begins(root.training and self._grad_enabled())
+        except Exception as exc:
+            self._fail(exc)
+            timed = False
+        if not timed:
+            return root._call_impl(*args, **kwargs)
+        try:
+            return root._call_impl(*args, **kwargs)
+        finally:
+            inference = self.inference
+            if inference is not None:
+                try:
+                    inference.forward_ends()
+                except Exception as exc:
+                    self._fail(exc)
 
     def _global_pre(self, module: Any, args: Any) -> None:
         if self._is_compiling():
             return
-        if threading.get_ident() != self._thread_id:
+        if get_ident() != self._thread_id:
             return
         self._depth += 1
         if self._depth == 1:
@@ -339,7 +377,7 @@ class ZeroCode:
     def _global_post(self, module: Any, args: Any, output: Any) -> None:
         if self._is_compiling():
             return
-        if threading.get_ident() != self._thread_id:
+        if get_ident() != self._thread_id:
             return
         self._depth -= 1
         if self._depth == 0:
@@ -347,7 +385,7 @@ class ZeroCode:
 
     def _root_pre(self, module: Any, args: Any) -> None:
         inference = self.inference
-        if inference is None or not self._observed():
+        if inference is None or get_ident() != self._thread_id or self._unobservable():
             self._timed.append(False)
             return
         try:
@@ -368,6 +406,14 @@ class ZeroCode:
 
 
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+_CALL = "_compiled_call_impl"
+"""What nn.Module.__call__ calls in place of `_call_impl` when an instance sets it."""
+
+
+def _unwrap_root(root: Any, call: Any) -> None:
+    """The root's calls go to `_call_impl` again (unless module.compile() replaced `call`)."""
+    if vars(root).get(_CALL) is call:
+        delattr(root, _CALL)
 
 
 def _remove_filter(entry: Any) -> None:

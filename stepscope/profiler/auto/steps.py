@@ -203,7 +203,9 @@ class StepInference:
 def batch_size(batch: Any) -> int:
     """Samples in a batch that is a tensor, or a tuple, list or mapping whose first value is one;
     0 when it cannot tell."""
-    if isinstance(batch, tuple | list):  # the common case first: no abstract-class check
+    # The common case first, with no abstract-class check; a tuple of types is checked ~5x
+    # faster than the union `tuple | list`.
+    if isinstance(batch, (tuple, list)):
         batch = batch[0] if batch else None
     elif isinstance(batch, Mapping):
         batch = next(iter(batch.values()), None)
