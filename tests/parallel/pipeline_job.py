@@ -32,7 +32,8 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
 
-from transformer import ModelConfig, Transformer, build_model, lm_loss, token_batches  # noqa: E402
+from pipeline_train import stage_module  # noqa: E402
+from transformer import ModelConfig, build_model, lm_loss, token_batches  # noqa: E402
 
 import stepscope  # noqa: E402
 
@@ -40,23 +41,6 @@ STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved": 2}
 BATCH_SIZE = 8
 MEASURED_FROM_STEP = 5
 """Steps before this one (start-up, shape inference) are left out of the median step."""
-
-
-def stage_module(cfg: ModelConfig, stage: int, num_stages: int) -> Transformer:
-    """The model cut down to stage `stage` of `num_stages`: its blocks, the embedding on the
-    first stage, the final norm and head on the last."""
-    model = build_model(cfg)
-    names = list(model.blocks.keys())
-    per_stage = len(names) // num_stages
-    keep = set(names[stage * per_stage : (stage + 1) * per_stage])
-    for name in names:
-        if name not in keep:
-            del model.blocks[name]
-    if stage > 0:
-        model.embed = None
-    if stage < num_stages - 1:
-        model.norm = model.head = None
-    return model
 
 
 def run_job(plan: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +56,7 @@ def run_job(plan: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
     num_stages = per_rank * world
     cfg = ModelConfig(num_layers=num_stages)
     indices = [rank + k * world for k in range(per_rank)]
-    models = [stage_module(cfg, i, num_stages) for i in indices]
+    models = [stage_module(build_model(cfg), i, num_stages) for i in indices]
     prof = stepscope.init(job_id=job["job_id"], url=plan["url"], flush_interval_s=0.5)
     stages: list[Any] = [
         PipelineStage(m, i, num_stages, torch.device("cpu"))
