@@ -9,9 +9,10 @@ sends and receives are not in it (stepscope.analysis.communication.collectives):
 finish together, and a slow stage's neighbours' sends last until it takes them, on every
 micro-batch. The neighbours' waits for it are their comm_wait_s, so the stage alone is slow,
 in compute. Per step, a
-rank's residual is its value minus the median over ranks; stepscope.analysis.stragglers.rank_levels
-finds the stretches of `min_steps` steps or more where a rank's residuals are significantly
-higher than its own level elsewhere, by at least `min_effect` of the peers' metric (or,
+rank's residual is its value minus the median over ranks;
+stepscope.analysis.stragglers.rank_levels finds the stretches (of `min_steps` steps, fewer
+for a large slowdown) where a rank's residuals are significantly higher than its own level
+elsewhere, by at least `min_effect` of the peers' metric (or,
 slow throughout, higher than the ranks' spread by `min_offset`), and by `min_step_share` of
 the job's step time. Overlapping stretches of one rank in several channels are one
 straggler, caused by the channel that costs the most time, communication counting only its

@@ -135,7 +135,8 @@ def slow_stretches(
     settling_steps: int = 0,
     peers: bool = True,
 ) -> list[Stretch]:
-    """Stretches of at least `min_steps` steps over which a rank was slow, rank by rank.
+    """Stretches over which a rank was slow, rank by rank: of `min_steps` steps or more, or
+    shorter (down to MIN_STRETCH_STEPS) with a statistic scaled up for their length.
 
     `residual_s`: (steps × ranks) residuals against the per-step median over ranks, NaN where
     a rank did not report (counted as typical). Per step in seconds, `shift_floor_s` is the
